@@ -1,0 +1,293 @@
+"""The value types the cost model, the planner and the compiler share.
+
+Everything here is a frozen dataclass of plain numbers and strings: cheap to build, hashable, and
+serialisable to JSON with ``dataclasses.asdict``. No torch, no numpy: the planner imports this on its
+start-up path.
+
+Units: bytes, seconds, FLOP and FLOP/s throughout; bandwidths are bytes/s *per GPU, one direction*.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+CHECKPOINTING_POLICIES = ("none", "selective", "sequence", "full")
+"""Activation checkpointing, from most memory to least:
+
+- ``none``: every activation the backward needs stays in memory.
+- ``selective``: keep the outputs of matmuls, attention and collectives; recompute norms, RoPE,
+  activations functions and other pointwise work in the backward.
+- ``sequence``: keep the layer input, the attention inputs after their all-to-all and the attention
+  output; recompute every O(s) operation (projections, MLP, norms). Attention (O(s^2)) and the
+  collectives are never recomputed.
+- ``full``: keep only each layer's input; recompute the whole layer, attention and collectives
+  included.
+"""
+
+OVERLAP_SCHEDULES = ("none", "kv_async", "head_pipeline")
+"""How the Ulysses all-to-alls overlap with compute:
+
+- ``none``: each all-to-all runs when its input is ready and blocks.
+- ``kv_async``: the K and V all-to-alls are launched asynchronously while Q's projection/all-to-all
+  proceeds.
+- ``head_pipeline``: attention runs in head chunks; the all-to-all of chunk i+1 overlaps the attention
+  of chunk i.
+"""
+
+DTYPES = ("bf16", "fp32")
+OPTIMIZERS = ("adamw",)
+
+
+def fingerprint_of(obj) -> str:
+    """A short stable hash of a dataclass's fields (sorted-key JSON)."""
+    payload = json.dumps(asdict(obj), sort_keys=True, default=str).encode()
+    return hashlib.sha256(payload).hexdigest()[:16]
+
+
+def from_dict(cls, data: dict):
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys with a clear message."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as cost goes.
+
+    ``ffn_hidden`` is the intermediate width of the MLP; with ``gated_mlp`` (SwiGLU) there are three
+    matrices hidden x ffn_hidden, otherwise two.
+    """
+
+    name: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    vocab: int
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    norm: str = "rmsnorm"
+    max_position: int = 0
+    rope_theta: float = 10000.0
+    source: str = ""
+
+    def __post_init__(self):
+        for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelSpec.{name} must be a positive integer, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, MLP and its two norms)."""
+        h = self.hidden
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.qkv_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden
+        norms = 2 * h
+        return attn + mlp + norms
+
+    def embedding_params(self) -> int:
+        """Input embedding plus output head (counted once when tied) plus the final norm."""
+        emb = self.vocab * self.hidden
+        return emb * (1 if self.tied_embeddings else 2) + self.hidden
+
+    def n_params(self) -> int:
+        return self.n_layers * self.layer_params() + self.embedding_params()
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(self)
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """One device. ``peak_flops`` is dense bf16 (fp32 for CPU profiles) without sparsity."""
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    memory_bandwidth: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """A cluster of ``nodes`` x ``devices_per_node`` identical accelerators.
+
+    The efficiency factors turn datasheet peaks into what training kernels reach; catalog entries use
+    published defaults and ``autosp-calibrate`` replaces them with measurements.
+    """
+
+    name: str
+    accelerator: AcceleratorSpec
+    devices_per_node: int
+    nodes: int = 1
+    intra_node_bandwidth: float = 0.0
+    intra_node_latency: float = 0.0
+    inter_node_bandwidth: float = 0.0
+    inter_node_latency: float = 0.0
+    host_bandwidth: float = 0.0
+    host_memory_bytes: float = 0.0
+    matmul_efficiency: float = 0.6
+    attention_efficiency: float = 0.5
+    comm_efficiency: float = 0.8
+    usable_memory_fraction: float = 0.95
+    source: str = ""
+
+    def __post_init__(self):
+        if self.devices_per_node < 1 or self.nodes < 1:
+            raise ValueError("devices_per_node and nodes must be >= 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.devices_per_node * self.nodes
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to train: ``seq_len`` tokens per sequence.
+
+    ``global_batch`` is sequences per optimizer step; ``None`` lets each candidate use one micro-batch
+    per data-parallel replica (the usual long-context setting).
+    """
+
+    seq_len: int
+    global_batch: int | None = None
+    dtype: str = "bf16"
+    optimizer: str = "adamw"
+
+    def __post_init__(self):
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ValueError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ValueError(f"global_batch must be positive, got {self.global_batch!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space: every knob the compiler applies.
+
+    ``sp`` x ``dp`` is the world size. Field names are the plan's and the compiler's (one to one).
+    """
+
+    sp: int
+    dp: int = 1
+    zero_stage: int = 0
+    micro_batch: int = 1
+    grad_accum: int = 1
+    checkpointing: str = "none"
+    mlp_chunks: int = 1
+    loss_chunks: int = 1
+    offload_activations: bool = False
+    overlap: str = "none"
+
+    def __post_init__(self):
+        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.checkpointing not in CHECKPOINTING_POLICIES:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
+        if self.overlap not in OVERLAP_SCHEDULES:
+            raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
+        if self.offload_activations and self.checkpointing == "none":
+            raise ValueError("offload_activations moves checkpointed layer inputs; it needs a checkpointing policy")
+
+    @property
+    def world_size(self) -> int:
+        return self.sp * self.dp
+
+    def short(self) -> str:
+        """A compact one-line description for tables."""
+        parts = [f"sp{self.sp}", f"dp{self.dp}", f"z{self.zero_stage}", f"mb{self.micro_batch}"]
+        if self.grad_accum > 1:
+            parts.append(f"ga{self.grad_accum}")
+        parts.append(f"ckpt:{self.checkpointing}")
+        if self.mlp_chunks > 1:
+            parts.append(f"mlp/{self.mlp_chunks}")
+        if self.loss_chunks > 1:
+            parts.append(f"loss/{self.loss_chunks}")
+        if self.offload_activations:
+            parts.append("offload")
+        if self.overlap != "none":
+            parts.append(f"overlap:{self.overlap}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted peak bytes on one GPU, by component."""
+
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    activations: float
+    logits_loss: float
+    comm_buffers: float
+    reserve: float
+
+    @property
+    def total(self) -> float:
+        return (self.parameters + self.gradients + self.optimizer_states + self.activations + self.logits_loss
+                + self.comm_buffers + self.reserve)
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Predicted seconds of one optimizer step on one GPU, by component.
+
+    ``compute`` already contains ``recompute``; the comm fields are the full collective times and
+    ``exposed_comm`` is what the overlap schedule leaves on the critical path.
+    """
+
+    compute: float
+    recompute: float
+    attention_comm: float
+    zero_comm: float
+    offload: float
+    exposed_comm: float
+    step: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's verdict on one candidate."""
+
+    memory: MemoryBreakdown
+    time: TimeBreakdown
+    capacity_bytes: float
+    tokens_per_second: float
+    mfu: float
+    flops_per_step: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
