@@ -1,0 +1,112 @@
+"""Collective communication times, alpha-beta model (docs/cost_model.md, "Communication").
+
+time = steps x alpha + bytes each GPU sends / (link bandwidth x comm_efficiency)
+
+Placement: SP groups are packed inside a node first (ranks r..r+P-1 of a node), DP goes across.
+A group of g ranks spans nodes when g > devices_per_node; then each GPU's traffic to peers in other
+nodes goes over its share of the scale-out network (inter_node_bandwidth) and to peers in its own
+node over NVLink/Infinity Fabric, concurrently; the slower of the two sets the time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autosp.cost_models import deepspeed_buffers as ds
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate, HardwareSpec
+
+
+def _xfer(nbytes: float, bandwidth: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / bandwidth if bandwidth > 0 else math.inf
+
+
+def all_to_all_time(hw: HardwareSpec, group: int, buffer_bytes: float) -> float:
+    """One all-to-all over ``group`` ranks of a local buffer of ``buffer_bytes``: each rank keeps
+    1/group of it and sends (group-1)/group; one latency term (NCCL posts all peer sends at once)."""
+    if group <= 1 or buffer_bytes <= 0:
+        return 0.0
+    eff = hw.comm_efficiency
+    local = min(group, hw.devices_per_node)
+    intra = buffer_bytes * (local - 1) / group
+    inter = buffer_bytes * (group - local) / group
+    t_intra = _xfer(intra, hw.intra_node_bandwidth * eff)
+    t_inter = _xfer(inter, hw.inter_node_bandwidth * eff)
+    latency = hw.inter_node_latency if group > hw.devices_per_node else hw.intra_node_latency
+    return latency + max(t_intra, t_inter)
+
+
+def ring_time(hw: HardwareSpec, group: int, nbytes: float, kind: str, calls: int = 1) -> float:
+    """A ring all-gather / reduce-scatter ((g-1)/g of ``nbytes`` per rank, g-1 steps) or all-reduce
+    (twice that), issued as ``calls`` bucketed collectives. ``nbytes`` is the full (unsharded) size.
+    Across nodes NCCL runs one ring per NIC, so each GPU's NIC share is the bottleneck."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    factor = 2.0 if kind == "all_reduce" else 1.0
+    spans = group > hw.devices_per_node
+    bandwidth = (hw.inter_node_bandwidth if spans else hw.intra_node_bandwidth) * hw.comm_efficiency
+    latency = hw.inter_node_latency if spans else hw.intra_node_latency
+    steps = factor * (group - 1) * max(1, calls)
+    return steps * latency + _xfer(factor * (group - 1) / group * nbytes, bandwidth)
+
+
+def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, float, float]:
+    """(q, k, v, out) all-to-all times of one layer's forward for one micro-batch on one GPU.
+
+    Buffers: q and out carry s x q elements; k and v carry s x k_eff (KV heads replicated P / n_kv
+    times when P > n_kv, so every rank receives the KV head its query heads need). The backward runs
+    the same four on the gradients; full recompute repeats the forward four.
+    """
+    if sh.P <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    t_q = all_to_all_time(hw, sh.P, sh.s * sh.q * sh.e)
+    t_kv = all_to_all_time(hw, sh.P, sh.s * sh.k_eff * sh.e)
+    return t_q, t_kv, t_kv, t_q
+
+
+def ulysses_bytes_per_layer(sh: Shapes) -> float:
+    """Bytes one GPU sends in one layer's forward all-to-alls (for tests and reports)."""
+    if sh.P <= 1:
+        return 0.0
+    return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.P - 1) / sh.P
+
+
+def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> dict:
+    """ZeRO collectives over the dp x sp group, in seconds.
+
+    Returns {"per_step": comm once per optimizer step, "per_micro_fwd": comm overlappable with each
+    micro-batch's forward, "per_micro_bwd": with each backward, "exposed_per_step": never hidden}.
+    stage 0: all-reduce of the gradients after the last backward (DeepSpeed reduces at the
+    accumulation boundary) - exposed; stage 1: reduce-scatter of the gradients at the boundary plus
+    all-gather of the updated parameters - exposed; stage 2: reduce-scatter in every backward
+    (overlapped), all-gather of the parameters after the step (exposed); stage 3: all-gather of the
+    parameters in every forward and again in every backward, reduce-scatter of the gradients in
+    every backward (all prefetched/overlapped; the first layer's gather is exposed).
+    """
+    g = cand.sp * cand.dp
+    nbytes = n_params * e
+    out = {"per_step": 0.0, "per_micro_fwd": 0.0, "per_micro_bwd": 0.0, "exposed_per_step": 0.0}
+    if g <= 1:
+        return out
+    reduce_calls = math.ceil(n_params / ds.REDUCE_BUCKET_SIZE)
+    gather_calls = math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE)
+    stage = cand.zero_stage
+    if stage == 0:
+        t = ring_time(hw, g, nbytes, "all_reduce", reduce_calls)
+        out["per_step"] = out["exposed_per_step"] = t
+    elif stage == 1:
+        t = ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls) + ring_time(hw, g, nbytes, "all_gather",
+                                                                                  gather_calls)
+        out["per_step"] = out["exposed_per_step"] = t
+    elif stage == 2:
+        out["per_micro_bwd"] = ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
+        t = ring_time(hw, g, nbytes, "all_gather", gather_calls)
+        out["per_step"] = out["exposed_per_step"] = t
+    else:
+        fetch_calls = math.ceil(n_params / ds.STAGE3_PREFETCH_BUCKET_SIZE)
+        gather = ring_time(hw, g, nbytes, "all_gather", fetch_calls)
+        out["per_micro_fwd"] = gather
+        out["per_micro_bwd"] = gather + ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
+    return out

@@ -1,0 +1,79 @@
+"""The analytic cost model's entry points: (ModelSpec, HardwareSpec, Workload, Candidate) -> Estimate.
+
+``estimate`` raises ValueError (with the reason) for candidates the model cannot run: query heads
+not divisible by sp, KV heads neither dividing nor divisible by sp, or more GPUs than the hardware
+has. Everything else (global batch bookkeeping, SP groups spanning nodes, ...) is the search's
+policy; the estimate prices whatever it is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autosp.cost_models import flops
+from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
+from autosp.cost_models.step_time import step_time
+
+
+def _check(hw: HardwareSpec, cand: Candidate) -> None:
+    if cand.world_size > hw.world_size:
+        raise ValueError(f"candidate needs {cand.world_size} GPUs (sp={cand.sp} x dp={cand.dp}); "
+                         f"{hw.name} has {hw.world_size}")
+
+
+def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> Estimate:
+    """Predicted per-GPU memory, step time, throughput and MFU of one candidate."""
+    _check(hw, cand)
+    sh = Shapes(model, workload, cand)
+    memory, (_kept, _transient, per_layer, _host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
+    n_params = sh.n_params
+    time = step_time(hw, cand, sh, n_params, per_layer)
+    tokens = workload.seq_len * cand.micro_batch * cand.grad_accum * cand.dp
+    step = time.step
+    tps = tokens / step if 0 < step < math.inf else 0.0
+    model_flops_step = flops.model_flops(sh) * cand.grad_accum * cand.sp * cand.dp
+    peak_all = hw.accelerator.peak_flops * cand.world_size
+    mfu = model_flops_step / (step * peak_all) if 0 < step < math.inf and peak_all > 0 else 0.0
+    if sh.S_pad != sh.S:
+        notes += (f"sequence padded from {sh.S} to {sh.S_pad} tokens (a multiple of sp={cand.sp})",)
+    if sh.kv_copies > 1:
+        notes += (f"each KV head is replicated {sh.kv_copies}x for the all-to-all (sp={cand.sp} > "
+                  f"{model.n_kv_heads} KV heads)",)
+    if cand.sp > hw.devices_per_node:
+        notes += (f"the SP group of {cand.sp} spans nodes: its all-to-alls use the inter-node network",)
+    return Estimate(memory=memory, time=time, capacity_bytes=capacity_bytes(hw), tokens_per_second=tps, mfu=mfu,
+                    flops_per_step=model_flops_step, notes=notes)
+
+
+def memory_only(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> MemoryBreakdown:
+    """Just the memory breakdown (cheaper than a full estimate; for feasibility and max-context search)."""
+    _check(hw, cand)
+    sh = Shapes(model, workload, cand)
+    return _memory_breakdown(model, hw, workload.dtype, cand, sh)[0]
+
+
+def fits(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> bool:
+    return memory_only(model, hw, workload, cand).total <= capacity_bytes(hw)
+
+
+def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str = "bf16",
+                multiple_of: int = 1, upper: int = 1 << 31) -> int:
+    """The longest sequence (a multiple of ``multiple_of``) whose memory fits, by binary search on the
+    memory model (monotone in seq_len); 0 if not even ``multiple_of`` tokens fit."""
+    step = max(1, multiple_of)
+
+    def ok(units: int) -> bool:
+        return fits(model, hw, Workload(seq_len=units * step, dtype=dtype), cand)
+
+    lo, hi = 0, max(1, upper // step)
+    if ok(hi):
+        return hi * step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo * step

@@ -1,0 +1,105 @@
+"""FLOPs and memory-bound traffic of one micro-batch on one GPU (docs/cost_model.md, "FLOPs").
+
+Conventions:
+- a matmul of an (m x n) by (n x p) is 2mnp FLOPs; backward = 2 x forward (input and weight grads);
+- causal attention forward = 2 S^2 q per sequence and layer (QK^T and AV, 2 S^2 q each, halved by
+  the causal mask); its *model* FLOPs count backward as 2 x forward (MFU), its *hardware* work counts
+  backward as 2.5 x forward (flash attention recomputes QK^T; the FlashAttention papers count it so,
+  and attention_efficiency is measured that way);
+- pointwise work (norms, RoPE, SiLU, residual adds, casts, softmax of the loss) is memory-bound:
+  we count the bytes it moves through HBM, not its FLOPs.
+"""
+
+from __future__ import annotations
+
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate
+
+FA_BACKWARD_FACTOR = 2.5
+"""Flash-attention backward work relative to its forward (FlashAttention-2, arXiv 2307.08691)."""
+
+OPTIMIZER_BYTES_PER_PARAM = 28.0
+"""Adam step traffic per local parameter: read fp32 master, m, v (12) and the gradient (2-4), write
+master, m, v (12) and the bf16 weights (2)."""
+
+
+def matmul_flops_forward(sh: Shapes) -> float:
+    """Projections, MLP and LM head of one micro-batch on one GPU (s local tokens)."""
+    return 2.0 * sh.s * sh.dense_params
+
+
+def attention_flops_forward(sh: Shapes, padded: bool = True) -> float:
+    """Causal attention forward on one GPU: its heads (a / P of them) over the whole sequence."""
+    S = sh.S_pad if padded else sh.S
+    return 2.0 * S * S * sh.q * sh.L * sh.b / sh.P
+
+
+def model_flops(sh: Shapes) -> float:
+    """Model FLOPs of one micro-batch on one GPU (MFU numerator): 6 x dense params x real tokens plus
+    3 x causal attention forward, on the unpadded sequence, no recompute."""
+    real_tokens = sh.S * sh.b / sh.P
+    return 6.0 * real_tokens * sh.dense_params + 3.0 * attention_flops_forward(sh, padded=False)
+
+
+def recompute_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
+    """(matmul, attention) FLOPs recomputed in the backward of one micro-batch on one GPU.
+
+    selective: pointwise only (see pointwise_bytes); sequence: every layer's projections and MLP
+    forward (never attention); full: a whole extra forward of every layer, attention included;
+    MLP tiling adds one more MLP forward (each chunk is recomputed in its backward); loss tiling adds
+    one more LM-head forward.
+    """
+    s, L = sh.s, sh.L
+    matmul = 0.0
+    attention = 0.0
+    policy = cand.checkpointing
+    if policy in ("sequence", "full"):
+        matmul += 2.0 * s * L * sh.layer_matmul_params
+    if policy == "full":
+        attention += attention_flops_forward(sh)
+    if cand.mlp_chunks > 1:
+        matmul += 2.0 * s * L * sh.mlp_params
+    if cand.loss_chunks > 1:
+        matmul += 2.0 * s * sh.lm_head_params
+    return matmul, attention
+
+
+def _layer_pointwise_forward_elems(sh: Shapes) -> float:
+    """Elements one layer's pointwise forward reads + writes per local token: two RMSNorms (read h,
+    write h), RoPE on q and k (read, write), SiLU and the gate*up product (read f write f; read 2f
+    write f), two residual adds (read 2h write h), and the layout copies around the all-to-alls
+    (q, k, v in, out back: read + write each)."""
+    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
+    return 4 * h + 2 * (q + k) + 5 * f + 6 * h + 2 * (2 * q + 2 * k)
+
+
+def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
+    """(baseline, recompute) bytes of memory-bound traffic for one micro-batch on one GPU.
+
+    Baseline: forward pointwise work of every layer, twice that in backward, and the loss's softmax
+    and casts over s x V logits (forward ~14 B, backward ~18 B per logit). Recompute: the norms and
+    SiLU/product (selective, sequence) or the whole layer's pointwise forward (full), plus the loss
+    forward again when it is tiled.
+    """
+    e, s, L = sh.e, sh.s, sh.L
+    layer_fwd = _layer_pointwise_forward_elems(sh) * e * s
+    loss = s * sh.V * (14.0 + 18.0) * e / 2.0
+    baseline = 3.0 * L * layer_fwd + loss
+    policy = cand.checkpointing
+    if policy == "full":
+        recompute = L * layer_fwd
+    elif policy in ("selective", "sequence"):
+        recompute = L * (4 * sh.h + 4 * sh.f) * e * s
+    else:
+        recompute = 0.0
+    if cand.mlp_chunks > 1 and policy != "full":
+        recompute += L * 3 * sh.f * e * s
+    if cand.loss_chunks > 1:
+        recompute += s * sh.V * 14.0 * e / 2.0
+    return baseline, recompute
+
+
+def optimizer_bytes(n_params: float, cand: Candidate) -> float:
+    """Adam traffic of one optimizer step on one GPU (ZeRO >= 1 updates only its 1/N_d shard)."""
+    local = n_params / (cand.sp * cand.dp) if cand.zero_stage >= 1 else n_params
+    return OPTIMIZER_BYTES_PER_PARAM * local

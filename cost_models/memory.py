@@ -1,0 +1,236 @@
+"""Per-GPU peak memory of one training step, by component (docs/cost_model.md derives every term).
+
+All functions are pure and cheap (plain floats). Sizes are bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autosp.cost_models import deepspeed_buffers as ds
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
+
+GIB = 1024 ** 3
+
+# --- allocator / runtime reserve -------------------------------------------------------------------
+CUDA_CONTEXT_BYTES = 1.0 * GIB
+"""CUDA context, cuBLAS/cuDNN workspaces and kernel images: ~0.5-1 GiB per process on Hopper."""
+
+NCCL_BYTES = 0.5 * GIB
+"""NCCL communicator buffers (SP, DP and world groups) when world > 1."""
+
+FRAGMENTATION = 0.05
+"""Caching-allocator fragmentation, as a fraction of the dynamically allocated bytes (activations,
+logits, communication buffers, gathered ZeRO-3 parameters). Model states are allocated once."""
+
+HOST_USABLE_FRACTION = 0.8
+"""Share of a node's host DRAM that pinned activation-offload buffers may use (the rest: OS, data
+loader, DeepSpeed's own pinned buffers)."""
+
+# --- logits + loss ---------------------------------------------------------------------------------
+LOSS_FP32_BYTES = 12
+"""Per logit, the fp32 tensors alive at the loss peak besides the logits themselves: log-softmax
+output (saved for backward), its incoming gradient and the gradient of the upcast logits (4 B each)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model states
+# ---------------------------------------------------------------------------------------------------
+
+def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes per parameter before ZeRO partitioning.
+
+    bf16 mixed precision (ZeRO paper, arXiv 1910.02054, section 3.1): 2 + 2 + 12 (fp32 master
+    weights, Adam momentum and variance). fp32 training: 4 + 4 + 8 (Adam m and v; the weights are
+    already fp32, so no master copy). Both total 16 bytes per parameter.
+    """
+    return (2, 2, 12) if dtype == "bf16" else (4, 4, 8)
+
+
+def model_states(model: ModelSpec, cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float, float]:
+    """(parameters, gradients, optimizer_states) bytes on one GPU.
+
+    ZeRO partitions over N_d = dp x sp ranks (parameters are replicated across the SP group):
+    stage 0 nothing, 1 optimizer states, 2 + gradients, 3 + parameters. Stage 3 adds the parameters
+    gathered at any moment: the largest module in use (a decoder layer, or the embedding / LM head
+    matrix) plus the prefetch bucket, plus the small persistent ones (norm weights, biases).
+    """
+    psi = sh.n_params
+    nd = cand.sp * cand.dp
+    w, g, o = state_bytes_per_param(dtype)
+    stage = cand.zero_stage
+    params = psi * w / nd if stage >= 3 else psi * w
+    grads = psi * g / nd if stage >= 2 else psi * g
+    optim = psi * o / nd if stage >= 1 else psi * o
+    if stage >= 3 and nd > 1:
+        layer = sh.layer_params
+        persistent = sh.L * (2 * sh.h + (sh.q + 2 * sh.k if sh.qkv_bias else 0)) + sh.h
+        gathered = max(layer, sh.lm_head_params) + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer)
+        params += w * (min(gathered, max(ds.STAGE3_MAX_LIVE_PARAMETERS, max(layer, sh.lm_head_params)))
+                       + persistent)
+    return params, grads, optim
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------------------------------
+
+def layer_saved_elems(sh: Shapes, policy: str, mlp_tiled: bool) -> tuple[float, float]:
+    """(attention-side, MLP-side) elements per local token one decoder layer keeps for its backward.
+
+    Llama block, SDPA/flash attention, Ulysses (docs/cost_model.md, "Activations"):
+
+    none:      x, norm1(x) | q, k, v after the all-to-all, attention output (head-sharded, kept by
+               SDPA) and its sequence-sharded copy (o_proj input) | h1 = x + attn, norm2(h1)
+               | gate, silu(gate), up, silu*up
+    selective: x | q, k, v, O, O' | o_proj output      | gate, up
+    sequence:  x | q, k, v, O, O'
+    full:      x
+    With MLP tiling the MLP keeps only its input (norm2 output, already counted under ``none``;
+    recomputed from kept tensors under ``selective``).
+    """
+    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
+    attn_core = q + 2 * k + 2 * q
+    if policy == "none":
+        attn, mlp = 4 * h + attn_core, 4 * f
+    elif policy == "selective":
+        attn, mlp = 2 * h + attn_core, 2 * f
+    elif policy == "sequence":
+        attn, mlp = h + attn_core, 0.0
+    else:  # full
+        attn, mlp = h, 0.0
+    if mlp_tiled:
+        mlp = 0.0
+    return attn, mlp
+
+
+def layer_extra_bytes(sh: Shapes, policy: str) -> float:
+    """fp32 per-token side tensors kept per layer: attention logsumexp (one per head, i.e. n_heads
+    per local token after the all-to-all), RMSNorm inverse RMS (two per token, only if norms are not
+    recomputed)."""
+    if policy == "full":
+        return 0.0
+    return 4.0 * sh.a + (8.0 if policy == "none" else 0.0)
+
+
+def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
+    """Elements per local token alive on top of the kept set while one layer runs its backward:
+    the activations the policy recomputes for this layer, plus the gradient working set (MLP:
+    d(silu*up), d(gate), d(up) per chunk and the residual-stream gradient in/out; attention: dO,
+    dq, dk, dv and flash-attention's fp32 dq accumulator)."""
+    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
+    full_attn, full_mlp = layer_saved_elems(sh, "none", False)
+    kept_attn, kept_mlp = layer_saved_elems(sh, policy, mlp_chunks > 1)
+    recomputed = full_attn - kept_attn
+    recomputed += 4 * f / mlp_chunks if mlp_chunks > 1 else full_mlp - kept_mlp
+    grads = max(3 * f / mlp_chunks + 2 * h, 4 * q + 2 * k)
+    return recomputed + grads
+
+
+def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, float]:
+    """(kept on device, one-layer transient, per-layer kept, host bytes) for one GPU.
+
+    ``kept on device`` holds every layer's saved set (or, with activation offload, two layers'
+    worth: the one being copied and the one in use) plus the final norm's input and output.
+    ``host bytes`` is what offload parks in host memory (all layers' saved sets).
+    """
+    s, e = sh.s, sh.e
+    attn, mlp = layer_saved_elems(sh, cand.checkpointing, cand.mlp_chunks > 1)
+    per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing))
+    final_norm = 2 * sh.h * e * s
+    if cand.offload_activations:
+        kept = min(2, sh.L) * per_layer + final_norm
+        host = sh.L * per_layer
+    else:
+        kept = sh.L * per_layer + final_norm
+        host = 0.0
+    transient = s * e * layer_transient_elems(sh, cand.checkpointing, cand.mlp_chunks)
+    if cand.checkpointing == "full":
+        transient += s * layer_extra_bytes(sh, "none")
+    return kept, transient, per_layer, host
+
+
+def logits_loss_bytes(sh: Shapes, cand: Candidate, layer_transient: float) -> float:
+    """What the LM head + cross-entropy add to the peak on top of the layer working set.
+
+    Untiled: bf16 logits (e bytes, kept alive by the model output through the backward) plus
+    LOSS_FP32_BYTES of fp32 tensors at the loss peak: s x V x (e + 12). The layers' backward runs
+    after the loss backward, with only the e-byte logits still alive, so the peak is
+    max(loss peak, layer transient + logits) and this term is that max minus the layer transient.
+    Tiled over N chunks (recomputed in backward, ALST's TiledFusedLogitsLoss): one chunk's worth of
+    the same tensors plus the gradient of the hidden states (s x h), nothing persistent.
+    """
+    s, V, e = sh.s, sh.V, sh.e
+    n = cand.loss_chunks
+    if n > 1:
+        chunk = math.ceil(s / n)
+        peak = chunk * V * (e + LOSS_FP32_BYTES) + s * sh.h * e
+        persistent = 0.0
+    else:
+        peak = s * V * (e + LOSS_FP32_BYTES)
+        persistent = s * V * e
+    return max(peak, layer_transient + persistent) - layer_transient
+
+
+def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
+    """All-to-all staging (send + receive of the largest q/k/v/out tensor) and ZeRO buckets.
+
+    ZeRO buckets (elements in deepspeed_buffers, gradients in the training dtype): stage 0 one
+    reduce bucket; stages 1-2 with overlap_comm 4.5 x (reduce + allgather) buckets (DeepSpeed
+    documents this factor); stage 3 a double-buffered reduce bucket (the prefetch bucket is counted
+    with the gathered parameters).
+    """
+    e = sh.e
+    a2a = 2.0 * sh.s * max(sh.q, sh.k_eff) * e if sh.P > 1 else 0.0
+    stage = cand.zero_stage
+    if stage == 0:
+        zero = ds.REDUCE_BUCKET_SIZE * e
+    elif stage in (1, 2):
+        factor = ds.OVERLAP_BUFFER_FACTOR if ds.OVERLAP_COMM else 1.0
+        zero = factor * (ds.REDUCE_BUCKET_SIZE + ds.ALLGATHER_BUCKET_SIZE) * e
+    else:
+        zero = (2.0 if ds.OVERLAP_COMM else 1.0) * ds.REDUCE_BUCKET_SIZE * e
+    return a2a + zero
+
+
+def reserve_bytes(dynamic: float, world: int) -> float:
+    """CUDA context + NCCL buffers (fixed) + allocator fragmentation (a share of dynamic bytes)."""
+    return CUDA_CONTEXT_BYTES + (NCCL_BYTES if world > 1 else 0.0) + FRAGMENTATION * dynamic
+
+
+def host_bytes_available(hw: HardwareSpec) -> float:
+    """Host DRAM one GPU may fill with offloaded activations."""
+    return hw.host_memory_bytes / hw.devices_per_node * HOST_USABLE_FRACTION
+
+
+def capacity_bytes(hw: HardwareSpec) -> float:
+    return hw.accelerator.memory_bytes * hw.usable_memory_fraction
+
+
+def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candidate,
+                     sh: Shapes) -> tuple[MemoryBreakdown, tuple, tuple[str, ...]]:
+    """(MemoryBreakdown, (kept, transient, per_layer, host), notes).
+
+    If activation offload needs more host memory than the node has, the candidate is infeasible:
+    its activations are reported as infinite and a note says how much host memory it needs.
+    """
+    notes: tuple[str, ...] = ()
+    params, grads, optim = model_states(model, cand, dtype, sh)
+    kept, transient, per_layer, host = activation_bytes(sh, cand)
+    activations = kept + transient
+    if host > 0:
+        available = host_bytes_available(hw)
+        if host > available:
+            activations = math.inf
+            notes += (f"activation offload needs {host / GIB:.1f} GiB of host memory per GPU, "
+                      f"the node offers {available / GIB:.1f} GiB per GPU",)
+    logits = logits_loss_bytes(sh, cand, transient)
+    buffers = comm_buffer_bytes(sh, cand)
+    gathered = params - (sh.n_params * state_bytes_per_param(dtype)[0] / (cand.sp * cand.dp)) \
+        if cand.zero_stage >= 3 else 0.0
+    dynamic = activations + logits + buffers + gathered
+    reserve = reserve_bytes(dynamic, cand.sp * cand.dp)
+    return (MemoryBreakdown(parameters=params, gradients=grads, optimizer_states=optim, activations=activations,
+                            logits_loss=logits, comm_buffers=buffers, reserve=reserve),
+            (kept, transient, per_layer, host), notes)

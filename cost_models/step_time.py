@@ -1,0 +1,105 @@
+"""Step time: compute, recompute, exposed communication under the overlap schedule, offload.
+
+See docs/cost_model.md ("Step time") for the assumptions. All times are seconds on one GPU; a step
+is ``grad_accum`` micro-batches plus one optimizer step.
+"""
+
+from __future__ import annotations
+
+from autosp.cost_models import comm, flops
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
+
+ZERO_OVERLAP_FRACTION = 0.8
+"""Share of a compute window that overlapped ZeRO collectives can hide behind (NCCL kernels take SMs
+and HBM bandwidth from the compute they overlap; DeepSpeed overlap_comm)."""
+
+HEAD_PIPELINE_CHUNKS = 4
+"""``head_pipeline`` splits each layer's attention into this many head groups (fewer if a rank has
+fewer local query heads); the all-to-all of group i+1 runs under the attention of group i."""
+
+
+def _head_chunks(sh: Shapes) -> int:
+    return max(1, min(HEAD_PIPELINE_CHUNKS, sh.local_heads))
+
+
+def _exposed_attention_comm(overlap: str, t_q: float, t_k: float, t_v: float, t_o: float,
+                            t_proj_q: float, t_attention: float, chunks: int) -> float:
+    """Exposed all-to-all time of one pass (forward, backward or recompute) of one layer.
+
+    none: everything. kv_async: the K and V all-to-alls run while the Q projection (and its backward)
+    computes, so up to that compute is hidden. head_pipeline over C chunks: the first chunk's
+    all-to-all is exposed, the rest only where it outlasts the attention compute it overlaps:
+    T/C + (C-1)/C x max(0, T - A).
+    """
+    total = t_q + t_k + t_v + t_o
+    if overlap == "kv_async":
+        return total - min(t_k + t_v, t_proj_q)
+    if overlap == "head_pipeline" and chunks > 1:
+        return total / chunks + (chunks - 1) / chunks * max(0.0, total - t_attention)
+    return total
+
+
+def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
+              offload_layer_bytes: float) -> TimeBreakdown:
+    peak = hw.accelerator.peak_flops
+    mm_rate = peak * hw.matmul_efficiency
+    att_rate = peak * hw.attention_efficiency
+    mem_bw = hw.accelerator.memory_bandwidth
+    L = sh.L
+
+    # --- compute of one micro-batch ---
+    mm_fwd = flops.matmul_flops_forward(sh)
+    att_fwd = flops.attention_flops_forward(sh)
+    mm_re, att_re = flops.recompute_flops(sh, cand)
+    pw_base, pw_re = flops.pointwise_bytes(sh, cand)
+    t_mm_fwd = mm_fwd / mm_rate
+    t_att_fwd = att_fwd / att_rate
+    t_pw = pw_base / mem_bw if mem_bw > 0 else 0.0
+    t_fwd = t_mm_fwd + t_att_fwd + t_pw / 3.0
+    t_bwd = 2.0 * t_mm_fwd + flops.FA_BACKWARD_FACTOR * t_att_fwd + 2.0 * t_pw / 3.0
+    t_recompute = mm_re / mm_rate + att_re / att_rate + (pw_re / mem_bw if mem_bw > 0 else 0.0)
+    t_micro = t_fwd + t_bwd + t_recompute
+    t_optimizer = flops.optimizer_bytes(n_params, cand) / mem_bw if mem_bw > 0 else 0.0
+
+    # --- Ulysses all-to-alls of one micro-batch ---
+    t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
+    per_pass = t_q + t_k + t_v + t_o
+    passes = 3 if cand.checkpointing == "full" else 2
+    attention_comm_micro = L * passes * per_pass
+    if per_pass > 0:
+        t_proj_q = 2.0 * sh.s * sh.h * sh.q / mm_rate
+        chunks = _head_chunks(sh)
+        att_layer_fwd = t_att_fwd / L
+        exposed_fwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd, chunks)
+        exposed_bwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
+                                              flops.FA_BACKWARD_FACTOR * att_layer_fwd, chunks)
+        exposed_attention_micro = L * (exposed_fwd * (passes - 1) + exposed_bwd)
+    else:
+        exposed_attention_micro = 0.0
+
+    # --- activation offload: D2H in forward, H2D in backward, per layer, overlapped with compute ---
+    offload_micro = 0.0
+    if cand.offload_activations and offload_layer_bytes > 0:
+        t_copy = comm._xfer(offload_layer_bytes, hw.host_bandwidth * hw.comm_efficiency)
+        layer_fwd = t_fwd / L
+        layer_bwd = (t_bwd + t_recompute) / L
+        offload_micro = L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
+
+    # --- ZeRO ---
+    z = comm.zero_times(hw, cand, n_params, sh.e)
+    ga = cand.grad_accum
+    zero_total = z["per_step"] + ga * (z["per_micro_fwd"] + z["per_micro_bwd"])
+    zero_exposed = z["exposed_per_step"]
+    zero_exposed += ga * max(0.0, z["per_micro_fwd"] - ZERO_OVERLAP_FRACTION * t_fwd)
+    zero_exposed += ga * max(0.0, z["per_micro_bwd"] - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute))
+    if cand.zero_stage == 3:
+        zero_exposed += ga * z["per_micro_fwd"] / max(1, L)  # the first layer's gather has nothing to hide behind
+
+    compute = ga * t_micro + t_optimizer
+    recompute = ga * t_recompute
+    attention_comm = ga * attention_comm_micro
+    exposed = ga * exposed_attention_micro + zero_exposed
+    offload = ga * offload_micro
+    return TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm, zero_comm=zero_total,
+                         offload=offload, exposed_comm=exposed, step=compute + exposed + offload)

@@ -1,0 +1,176 @@
+"""Model catalog: turn ``--model ARG`` into a :class:`~autosp.cost_models.specs.ModelSpec`.
+
+``ARG`` is one of
+
+- a preset name or alias, case-insensitive (``llama`` is Llama-3.1-8B; ``autosp-plan --list-models``
+  or :func:`list_models` shows them all). Presets live in ``planner/data/models.toml``, each with the
+  public source of its numbers;
+- a path to a Hugging Face ``config.json`` on disk (or a directory holding one). It is read as plain
+  JSON: no ``transformers`` import, no download. Llama, Mistral and Qwen2 style keys are understood.
+
+Every failure is a :class:`~autosp.errors.UsageError` whose message is one line saying what is wrong
+and what to do. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from functools import lru_cache
+from pathlib import Path
+
+from autosp.cost_models.specs import ModelSpec
+from autosp.errors import UsageError
+
+DATA_FILE = Path(__file__).with_name("data") / "models.toml"
+
+_SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "gated_mlp",
+              "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source")
+
+# Hugging Face model_type values whose MLP is gated (SwiGLU / GeGLU: gate, up and down projections).
+GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
+                            "cohere", "internlm2", "yi", "deepseek", "phi3", "smollm3"})
+# model_type values whose q/k/v projections carry a bias regardless of the config's attention_bias.
+QKV_BIAS_FAMILIES = frozenset({"qwen2"})
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict:
+    with open(DATA_FILE, "rb") as f:
+        return tomllib.load(f)["models"]
+
+
+def _spec_from_entry(name: str, entry: dict) -> ModelSpec:
+    return ModelSpec(name=name, **{k: entry[k] for k in _SPEC_KEYS if k in entry})
+
+
+@lru_cache(maxsize=None)
+def _alias_table() -> dict[str, str]:
+    table = {}
+    for name, entry in _catalog().items():
+        table[name.lower()] = name
+        for alias in entry.get("aliases", ()):
+            table[alias.lower()] = name
+    return table
+
+
+def preset_names() -> list[str]:
+    """Canonical preset names, in catalog order."""
+    return list(_catalog())
+
+
+def preset_info(name: str) -> dict:
+    """The raw catalog entry of a preset (published parameter count, sources, aliases)."""
+    return dict(_catalog()[_alias_table()[name.lower()]])
+
+
+def list_models() -> list[ModelSpec]:
+    """Every preset as a ModelSpec, in catalog order."""
+    return [_spec_from_entry(name, entry) for name, entry in _catalog().items()]
+
+
+def _looks_like_path(arg: str) -> bool:
+    return arg.lower().endswith(".json") or os.path.exists(arg)
+
+
+def resolve_model(arg: str) -> ModelSpec:
+    """A preset name/alias (case-insensitive) or a path to a Hugging Face config.json."""
+    if not isinstance(arg, str) or not arg.strip():
+        raise UsageError("no model given; pass a preset name such as 'llama' or a path to a config.json")
+    arg = arg.strip()
+    key = arg.lower()
+    table = _alias_table()
+    if key in table:
+        name = table[key]
+        return _spec_from_entry(name, _catalog()[name])
+    if _looks_like_path(arg):
+        return model_from_hf_config(arg)
+    close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(table[c]) for c in dict.fromkeys(close))}? " if close else ""
+    raise UsageError(f"unknown model {arg!r}; {hint}presets: {', '.join(['llama'] + preset_names())} "
+                     "(autosp-plan --list-models describes them), or pass a path to a Hugging Face config.json")
+
+
+def _positive_int(config: dict, key: str, where: str, default=None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise UsageError(f"model config {where} has no {key!r}; is it the config.json of a decoder-only "
+                         "Hugging Face causal LM (Llama, Mistral, Qwen2)?")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"model config {where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` (Llama / Mistral / Qwen2 keys) into a ModelSpec.
+
+    ``num_key_value_heads`` defaults to the number of heads, ``head_dim`` to hidden / heads,
+    ``tie_word_embeddings`` to false; Qwen2 always has q/k/v biases, Llama-style configs say so in
+    ``attention_bias``. Mixture-of-experts configs are refused (the cost model is dense-only).
+    """
+    path = os.fspath(path)
+    where = path
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+        where = path
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"model config {where} does not exist; pass a preset name (e.g. 'llama') or the path "
+                         "of a Hugging Face config.json") from None
+    except OSError as err:
+        raise UsageError(f"cannot read model config {where}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"model config {where} is not a text JSON file; pass a Hugging Face config.json") from None
+    except json.JSONDecodeError as err:
+        raise UsageError(f"model config {where} is not valid JSON (line {err.lineno}): {err.msg}") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"model config {where} must hold a JSON object (a Hugging Face config.json)")
+    if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}  # multimodal wrappers
+
+    for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if config.get(moe_key):
+            raise UsageError(f"model config {where} describes a mixture-of-experts model ({moe_key}="
+                             f"{config[moe_key]}); autosp plans dense decoder-only models only")
+
+    model_type = str(config.get("model_type", "")).lower()
+    n_layers = _positive_int(config, "num_hidden_layers", where)
+    hidden = _positive_int(config, "hidden_size", where)
+    n_heads = _positive_int(config, "num_attention_heads", where)
+    n_kv = _positive_int(config, "num_key_value_heads", where, default=n_heads)
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        if hidden % n_heads:
+            raise UsageError(f"model config {where}: hidden_size {hidden} is not a multiple of num_attention_heads "
+                             f"{n_heads} and no head_dim is given; add head_dim to the config")
+        head_dim = hidden // n_heads
+    else:
+        head_dim = _positive_int(config, "head_dim", where)
+    ffn = _positive_int(config, "intermediate_size", where)
+    vocab = _positive_int(config, "vocab_size", where)
+    if n_heads % n_kv:
+        raise UsageError(f"model config {where}: num_attention_heads {n_heads} is not a multiple of "
+                         f"num_key_value_heads {n_kv}")
+
+    act = str(config.get("hidden_act", config.get("hidden_activation", "silu"))).lower()
+    gated = model_type in GATED_FAMILIES or act in ("silu", "swish", "swiglu")
+    qkv_bias = model_type in QKV_BIAS_FAMILIES or bool(config.get("attention_bias", False))
+    rope_theta = config.get("rope_theta", 10000.0)
+    if not isinstance(rope_theta, (int, float)) or isinstance(rope_theta, bool):
+        rope_theta = 10000.0
+    max_position = config.get("max_position_embeddings", 0)
+    if not isinstance(max_position, int) or isinstance(max_position, bool) or max_position < 0:
+        max_position = 0
+    name = config.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
+    try:
+        return ModelSpec(
+            name=str(name), n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+            ffn_hidden=ffn, vocab=vocab, gated_mlp=gated, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
+            max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path))
+    except ValueError as err:
+        raise UsageError(f"invalid model config {where}: {err}") from None
