@@ -48,28 +48,43 @@ def state_bytes_per_param(dtype: str) -> tuple[int, int, int]:
     return (2, 2, 12) if dtype == "bf16" else (4, 4, 8)
 
 
-def model_states(model: ModelSpec, cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float, float]:
-    """(parameters, gradients, optimizer_states) bytes on one GPU.
-
-    ZeRO partitions over N_d = dp x sp ranks (parameters are replicated across the SP group):
-    stage 0 nothing, 1 optimizer states, 2 + gradients, 3 + parameters. Stage 3 adds the parameters
-    gathered at any moment: the largest module in use (a decoder layer, or the embedding / LM head
-    matrix) plus the prefetch bucket, plus the small persistent ones (norm weights, biases).
-    """
-    psi = sh.n_params
-    nd = cand.sp * cand.dp
+def zero_state_bytes(psi: float, nd: int, stage: int, dtype: str = "bf16") -> tuple[float, float, float]:
+    """(parameters, gradients, optimizer states) bytes per GPU for psi parameters whose states are
+    shared by nd ranks at ZeRO ``stage`` (ZeRO paper, arXiv 1910.02054, Figure 1 / section 5):
+    0: 16psi; 1: 4psi + 12psi/nd; 2: 2psi + 14psi/nd; 3: 16psi/nd (bf16; fp32 splits 4 + 4 + 8)."""
     w, g, o = state_bytes_per_param(dtype)
-    stage = cand.zero_stage
     params = psi * w / nd if stage >= 3 else psi * w
     grads = psi * g / nd if stage >= 2 else psi * g
     optim = psi * o / nd if stage >= 1 else psi * o
-    if stage >= 3 and nd > 1:
-        layer = sh.layer_params
-        persistent = sh.L * (2 * sh.h + (sh.q + 2 * sh.k if sh.qkv_bias else 0)) + sh.h
-        gathered = max(layer, sh.lm_head_params) + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer)
-        params += w * (min(gathered, max(ds.STAGE3_MAX_LIVE_PARAMETERS, max(layer, sh.lm_head_params)))
-                       + persistent)
     return params, grads, optim
+
+
+def zero3_gathered_params(sh: Shapes) -> float:
+    """Parameter elements ZeRO-3 holds gathered at its peak: the largest module in use (a decoder
+    layer, or the embedding / LM-head matrix) plus one prefetch bucket, capped by
+    stage3_max_live_parameters (never below the module in use), plus the persistent small parameters
+    (norm weights and biases under stage3_param_persistence_threshold, always gathered)."""
+    layer = sh.layer_params
+    largest = max(layer, sh.lm_head_params)
+    gathered = min(largest + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer), max(ds.STAGE3_MAX_LIVE_PARAMETERS, largest))
+    persistent = sh.L * (2 * sh.h + (sh.q + 2 * sh.k if sh.qkv_bias else 0)) + sh.h
+    return gathered + persistent
+
+
+def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float, float, float]:
+    """(parameters, gradients, optimizer_states, gathered) bytes on one GPU.
+
+    ZeRO partitions over N_d = dp x sp ranks (parameters are replicated across the SP group, so the
+    SP ranks share the states too). At stage 3 ``parameters`` includes ``gathered``: the bytes of
+    parameters all-gathered at the peak (:func:`zero3_gathered_params`).
+    """
+    nd = cand.sp * cand.dp
+    params, grads, optim = zero_state_bytes(sh.n_params, nd, cand.zero_stage, dtype)
+    gathered = 0.0
+    if cand.zero_stage >= 3 and nd > 1:
+        gathered = state_bytes_per_param(dtype)[0] * zero3_gathered_params(sh)
+        params += gathered
+    return params, grads, optim, gathered
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -216,7 +231,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     its activations are reported as infinite and a note says how much host memory it needs.
     """
     notes: tuple[str, ...] = ()
-    params, grads, optim = model_states(model, cand, dtype, sh)
+    params, grads, optim, gathered = model_states(cand, dtype, sh)
     kept, transient, per_layer, host = activation_bytes(sh, cand)
     activations = kept + transient
     if host > 0:
@@ -227,8 +242,6 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
                       f"the node offers {available / GIB:.1f} GiB per GPU",)
     logits = logits_loss_bytes(sh, cand, transient)
     buffers = comm_buffer_bytes(sh, cand)
-    gathered = params - (sh.n_params * state_bytes_per_param(dtype)[0] / (cand.sp * cand.dp)) \
-        if cand.zero_stage >= 3 else 0.0
     dynamic = activations + logits + buffers + gathered
     reserve = reserve_bytes(dynamic, cand.sp * cand.dp)
     return (MemoryBreakdown(parameters=params, gradients=grads, optimizer_states=optim, activations=activations,

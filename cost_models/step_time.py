@@ -14,6 +14,10 @@ ZERO_OVERLAP_FRACTION = 0.8
 """Share of a compute window that overlapped ZeRO collectives can hide behind (NCCL kernels take SMs
 and HBM bandwidth from the compute they overlap; DeepSpeed overlap_comm)."""
 
+TILE_OVERHEAD_S = 20e-6
+"""Fixed cost of one tile of sequence tiling (MLP or logits+loss chunk): kernel launches for smaller
+GEMMs, the tiling loop and its bookkeeping. Makes more chunks cost a little more, as measured."""
+
 HEAD_PIPELINE_CHUNKS = 4
 """``head_pipeline`` splits each layer's attention into this many head groups (fewer if a rank has
 fewer local query heads); the all-to-all of group i+1 runs under the attention of group i."""
@@ -59,6 +63,10 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     t_fwd = t_mm_fwd + t_att_fwd + t_pw / 3.0
     t_bwd = 2.0 * t_mm_fwd + flops.FA_BACKWARD_FACTOR * t_att_fwd + 2.0 * t_pw / 3.0
     t_recompute = mm_re / mm_rate + att_re / att_rate + (pw_re / mem_bw if mem_bw > 0 else 0.0)
+    if cand.mlp_chunks > 1:  # chunks run in the forward, again (with grad) in the backward, and in a full recompute
+        t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
+    if cand.loss_chunks > 1:
+        t_recompute += TILE_OVERHEAD_S * cand.loss_chunks * 2
     t_micro = t_fwd + t_bwd + t_recompute
     t_optimizer = flops.optimizer_bytes(n_params, cand) / mem_bw if mem_bw > 0 else 0.0
 

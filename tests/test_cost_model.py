@@ -1,0 +1,357 @@
+"""Analytic cost model: ZeRO formulas, a hand-computed example, every knob's direction, comm volume."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autosp.cost_models import estimate, fits, max_seq_len, memory_only
+from autosp.cost_models import comm, deepspeed_buffers as ds, memory
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.planner.hardware import resolve_hardware
+from autosp.planner.models import resolve_model
+
+GB = 1e9
+GIB = 1024 ** 3
+
+LLAMA = resolve_model("llama-3.1-8b")
+H100X8 = resolve_hardware("h100x8")
+
+
+# --------------------------------------------------------------------------------------------------
+# ZeRO model states (design.md section 3; ZeRO paper arXiv 1910.02054, Figure 1: psi = 7.5B, N_d = 64)
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_formulas_reproduce_the_zero_paper(stage, expected_gb):
+    total = sum(memory.zero_state_bytes(7.5e9, 64, stage, "bf16"))
+    assert total / GB == pytest.approx(expected_gb, abs=0.05)
+
+
+def test_zero_splits_by_component():
+    psi, nd = 1e9, 8
+    assert memory.zero_state_bytes(psi, nd, 0) == (2 * psi, 2 * psi, 12 * psi)
+    assert memory.zero_state_bytes(psi, nd, 1) == (2 * psi, 2 * psi, 12 * psi / nd)  # 4psi + 12psi/N
+    assert memory.zero_state_bytes(psi, nd, 2) == (2 * psi, 2 * psi / nd, 12 * psi / nd)  # 2psi + 14psi/N
+    assert memory.zero_state_bytes(psi, nd, 3) == (2 * psi / nd, 2 * psi / nd, 12 * psi / nd)  # 16psi/N
+    # fp32 training: 4 B weights + 4 B grads + 8 B Adam m, v (no master copy) = 16 B as well
+    assert memory.zero_state_bytes(psi, nd, 0, "fp32") == (4 * psi, 4 * psi, 8 * psi)
+    assert sum(memory.zero_state_bytes(psi, nd, 3, "fp32")) == 16 * psi / nd
+
+
+def test_sp_ranks_share_zero_states():
+    """N_d is the whole dp x sp group: sp=8 dp=1 shards like dp=8."""
+    w = Workload(seq_len=8192)
+    a = memory_only(LLAMA, H100X8, w, Candidate(sp=8, dp=1, zero_stage=2))
+    b = memory_only(LLAMA, H100X8, w, Candidate(sp=1, dp=8, zero_stage=2))
+    assert a.optimizer_states == b.optimizer_states == 12 * LLAMA.n_params() / 8
+    assert a.gradients == b.gradients == 2 * LLAMA.n_params() / 8
+
+
+# --------------------------------------------------------------------------------------------------
+# A hand-computed example
+# --------------------------------------------------------------------------------------------------
+
+TINY = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128, vocab=256)
+ROUND = HardwareSpec(
+    name="round", accelerator=AcceleratorSpec(name="round", peak_flops=1e12, memory_bytes=8 * GIB,
+                                              memory_bandwidth=1e11),
+    devices_per_node=2, intra_node_bandwidth=1e10, intra_node_latency=1e-5, inter_node_bandwidth=1e9,
+    inter_node_latency=2e-5, host_bandwidth=1e10, host_memory_bytes=64 * GIB, matmul_efficiency=0.5,
+    attention_efficiency=0.5, comm_efficiency=1.0, usable_memory_fraction=1.0)
+
+
+def test_hand_computed_tiny_example():
+    """tiny: L=2, h=64, 4 heads x 16, 2 KV heads, ffn 128, vocab 256; S=1024, sp=2, ZeRO 0, no checkpointing."""
+    w = Workload(seq_len=1024)
+    cand = Candidate(sp=2, dp=1, zero_stage=0, checkpointing="none")
+    est = estimate(TINY, ROUND, w, cand)
+    m = est.memory
+
+    # Parameters: layer = q,o 2*64*64 + k,v 2*64*32 + MLP 3*64*128 + norms 2*64 = 36,992;
+    # model = 2 layers + embedding and head 2*256*64 + final norm 64 = 106,816.
+    psi = 2 * 36_992 + 2 * 256 * 64 + 64
+    assert TINY.n_params() == psi == 106_816
+    # ZeRO 0, bf16: 2 + 2 + 12 bytes per parameter.
+    assert (m.parameters, m.gradients, m.optimizer_states) == (2 * psi, 2 * psi, 12 * psi)
+
+    # Activations. s = 1024 / 2 = 512 local tokens, q = 64, k = 32 (2 KV heads divide by sp=2), e = 2.
+    # Kept per token and layer (elements): x, norm1(x), h1, norm2(h1) = 4h = 256; q, k, v after the
+    # all-to-all = 64 + 2*32 = 128; attention output + its o_proj copy = 2*64 = 128; MLP gate, silu,
+    # up, product = 4*128 = 512 -> 1024 elements = 2048 B, plus fp32 logsumexp 4 B x 4 heads and two
+    # fp32 RMSNorm inverse-RMS values (8 B) = 2072 B per token and layer.
+    kept = 2 * 512 * 2072 + 2 * 64 * 2 * 512  # two layers + final norm input/output (2h x 2 B x 512)
+    # Backward working set of one layer: max(MLP 3f + 2h = 512, attention 4q + 2k = 320) elements.
+    transient = 512 * 2 * 512
+    assert m.activations == kept + transient == 2_252_800 + 524_288
+
+    # Logits + loss: peak 512 tokens x 256 vocab x (2 B bf16 + 12 B fp32) = 1,835,008 B; during the layers'
+    # backward only the bf16 logits (262,144 B) stay, on top of the 524,288 B working set -> the loss
+    # adds 1,835,008 - 524,288.
+    assert m.logits_loss == 512 * 256 * 14 - transient == 1_310_720
+
+    # Buffers: all-to-all send+recv of the largest (q) tensor 2 x 512 x 64 x 2 B; ZeRO-0 one reduce bucket.
+    assert m.comm_buffers == 2 * 512 * 64 * 2 + ds.REDUCE_BUCKET_SIZE * 2
+
+    # Reserve: 1 GiB context + 0.5 GiB NCCL + 5% of the dynamic bytes.
+    dynamic = m.activations + m.logits_loss + m.comm_buffers
+    assert m.reserve == pytest.approx(1.5 * GIB + 0.05 * dynamic)
+
+    # FLOPs. Matmul params of one forward: 2 layers x (2*64*64 + 2*64*32 + 3*64*128 = 36,864) + head 256*64.
+    dense = 2 * 36_864 + 256 * 64
+    mm_fwd = 2 * 512 * dense  # 92,274,688
+    att_fwd = 2 * 1024 ** 2 * 64 * 2 / 2  # causal 2 S^2 q per layer, 2 layers, half the heads per GPU
+    assert est.flops_per_step == pytest.approx(2 * (6 * 512 * dense + 3 * att_fwd))  # both SP ranks
+
+    # Time. Matmuls at 0.5 x 1e12, attention at 0.5 x 1e12 (backward 2.5x forward), pointwise bytes at 1e11:
+    # per layer forward 4h + 2(q+k) + 5f + 6h + 2(2q+2k) = 1856 elements x 2 B x 512 tokens, x3 for fwd+bwd,
+    # plus the loss's 32 B per logit.
+    pointwise = 3 * 2 * 1856 * 2 * 512 + 512 * 256 * 32
+    t_micro = 3 * mm_fwd / 0.5e12 + 3.5 * att_fwd / 0.5e12 + pointwise / 1e11
+    t_optimizer = 28 * psi / 1e11  # ZeRO 0: every GPU updates all parameters
+    assert est.time.compute == pytest.approx(t_micro + t_optimizer)
+    assert est.time.recompute == 0
+
+    # All-to-alls: q/out buffers 512 x 64 x 2 B, k/v 512 x 32 x 2 B; half of each crosses NVLink (1e10 B/s)
+    # after one 10 us latency; 4 per layer forward + 4 backward, 2 layers. Nothing overlaps (overlap none).
+    t_q = 1e-5 + 512 * 64 * 2 / 2 / 1e10
+    t_kv = 1e-5 + 512 * 32 * 2 / 2 / 1e10
+    a2a = 2 * 2 * (2 * t_q + 2 * t_kv)
+    assert est.time.attention_comm == pytest.approx(a2a)
+    # ZeRO 0: ring all-reduce of the bf16 gradients over 2 ranks after the backward: 2 steps of 10 us +
+    # 2 (N-1)/N x 2 psi bytes at 1e10 B/s.
+    t_zero = 2 * 1e-5 + 2 * 0.5 * 2 * psi / 1e10
+    assert est.time.zero_comm == pytest.approx(t_zero)
+    assert est.time.exposed_comm == pytest.approx(a2a + t_zero)
+    assert est.time.step == pytest.approx(t_micro + t_optimizer + a2a + t_zero)
+    assert est.tokens_per_second == pytest.approx(1024 / est.time.step)
+    assert est.mfu == pytest.approx(est.flops_per_step / (est.time.step * 2e12))
+
+
+# --------------------------------------------------------------------------------------------------
+# Every knob moves memory / time the right way
+# --------------------------------------------------------------------------------------------------
+
+W64K = Workload(seq_len=65_536)
+BASE = Candidate(sp=8, dp=1, zero_stage=2, micro_batch=1, grad_accum=1, checkpointing="selective")
+
+
+def _est(cand, hw=H100X8, w=W64K, model=LLAMA):
+    return estimate(model, hw, w, cand)
+
+
+def test_checkpointing_trades_memory_for_time():
+    order = ["none", "selective", "sequence", "full"]
+    ests = [_est(replace(BASE, checkpointing=p)) for p in order]
+    for lighter, heavier in zip(ests, ests[1:]):
+        assert heavier.memory.activations < lighter.memory.activations
+        assert heavier.time.recompute > lighter.time.recompute or lighter.time.recompute == heavier.time.recompute == 0
+        assert heavier.time.step >= lighter.time.step
+    assert ests[-1].time.step > ests[0].time.step
+    assert ests[0].time.recompute == 0 and ests[-1].time.recompute > ests[2].time.recompute > 0
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "sequence", "full"])
+def test_mlp_tiling_lowers_memory_and_costs_time(policy):
+    # With the logits tiled too, the layers' backward sets the peak, so MLP tiling shows in the total.
+    base = replace(BASE, checkpointing=policy, loss_chunks=64)
+    prev = _est(base)
+    for chunks in (2, 4, 8):
+        cur = _est(replace(base, mlp_chunks=chunks))
+        assert cur.memory.activations < prev.memory.activations
+        assert cur.memory.total < prev.memory.total
+        assert cur.time.step > prev.time.step
+        prev = cur
+
+
+def test_peak_is_the_larger_of_loss_and_layer_phases():
+    """Untiled logits set the peak: shrinking the layer working set then leaves the total unchanged."""
+    a = _est(replace(BASE, checkpointing="full", mlp_chunks=4))
+    b = _est(replace(BASE, checkpointing="full", mlp_chunks=8))
+    assert b.memory.activations < a.memory.activations
+    assert b.memory.total == pytest.approx(a.memory.total)
+
+
+def test_loss_tiling_lowers_memory_and_costs_time():
+    prev = _est(BASE)
+    for chunks in (2, 4, 16):
+        cur = _est(replace(BASE, loss_chunks=chunks))
+        assert cur.memory.logits_loss < prev.memory.logits_loss
+        assert cur.memory.total < prev.memory.total
+        assert cur.time.step > prev.time.step
+        prev = cur
+
+
+def test_untiled_logits_dwarf_a_layer_at_long_context():
+    m = memory_only(LLAMA, H100X8, Workload(seq_len=200_000), replace(BASE, checkpointing="full"))
+    per_layer = 200_000 / 8 * 4096 * 2
+    assert m.logits_loss > 10 * per_layer
+
+
+def test_offload_moves_checkpoints_to_host():
+    cand = replace(BASE, checkpointing="full", mlp_chunks=4, loss_chunks=8)
+    on = _est(replace(cand, offload_activations=True))
+    off = _est(cand)
+    assert on.memory.activations < off.memory.activations
+    assert on.time.step >= off.time.step
+    # A host link too slow to hide the copies makes the offload visible in the step time.
+    slow = replace(H100X8, host_bandwidth=1e8)
+    assert _est(replace(cand, offload_activations=True), hw=slow).time.offload > 0
+    # Too little host memory: infeasible (infinite activations) with a note saying how much is needed.
+    small = replace(H100X8, host_memory_bytes=1 * GIB)
+    est = _est(replace(cand, offload_activations=True), hw=small)
+    assert math.isinf(est.memory.activations) and not est.fits
+    assert any("host memory" in n for n in est.notes)
+
+
+def test_zero_stage_lowers_memory_and_stage3_costs_comm():
+    mems = [_est(replace(BASE, zero_stage=z)).memory for z in range(4)]
+    totals = [m.parameters + m.gradients + m.optimizer_states for m in mems]
+    assert totals[0] > totals[1] > totals[2] > totals[3]
+    t2, t3 = _est(replace(BASE, zero_stage=2)).time, _est(replace(BASE, zero_stage=3)).time
+    assert t3.zero_comm > t2.zero_comm  # ZeRO-3 moves 1.5x the bytes of ZeRO-2 (two gathers + a reduce-scatter)
+    # With little compute to hide behind (short sequences across nodes), stage 3's gathers show.
+    hw = resolve_hardware("h100x16")
+    short = Workload(seq_len=2048)
+    z2 = estimate(LLAMA, hw, short, Candidate(sp=1, dp=16, zero_stage=2, checkpointing="full"))
+    z3 = estimate(LLAMA, hw, short, Candidate(sp=1, dp=16, zero_stage=3, checkpointing="full"))
+    assert z3.time.exposed_comm > z2.time.exposed_comm and z3.time.step > z2.time.step
+    # stage 3 keeps gathered parameters around: more than its 2psi/N shard
+    assert mems[3].parameters > 2 * LLAMA.n_params() / 8
+
+
+def test_sp_degree_lowers_activation_memory():
+    w = Workload(seq_len=32_768)
+    hw = resolve_hardware("h100x8")
+    acts = [memory_only(LLAMA, hw, w, Candidate(sp=p, zero_stage=3, checkpointing="full")).activations
+            for p in (1, 2, 4, 8)]
+    assert acts[0] > acts[1] > acts[2] > acts[3]
+
+
+def test_dp_raises_throughput_and_shards_states():
+    hw = resolve_hardware("h100x16")
+    a = estimate(LLAMA, hw, W64K, replace(BASE, dp=1))
+    b = estimate(LLAMA, hw, W64K, replace(BASE, dp=2))
+    assert b.tokens_per_second > a.tokens_per_second
+    assert b.memory.optimizer_states < a.memory.optimizer_states
+
+
+def test_micro_batch_and_grad_accum():
+    a = _est(BASE)
+    mb = _est(replace(BASE, micro_batch=2))
+    assert mb.memory.activations > a.memory.activations and mb.time.step > a.time.step
+    ga = _est(replace(BASE, grad_accum=4))
+    assert ga.memory.total == a.memory.total
+    assert ga.time.step > a.time.step
+    assert ga.tokens_per_second >= a.tokens_per_second  # per-step collectives and optimizer amortised
+
+
+def test_overlap_schedules_hide_all_to_all():
+    none = _est(replace(BASE, overlap="none"))
+    kv = _est(replace(BASE, overlap="kv_async"))
+    heads = _est(replace(BASE, overlap="head_pipeline"))
+    assert none.time.attention_comm == kv.time.attention_comm == heads.time.attention_comm > 0
+    assert kv.time.exposed_comm < none.time.exposed_comm
+    assert heads.time.exposed_comm < none.time.exposed_comm
+    assert heads.time.step < none.time.step and kv.time.step < none.time.step
+
+
+def test_sp_group_spanning_nodes_pays_the_network():
+    hw = resolve_hardware("h100x16")
+    w = Workload(seq_len=131_072)
+    inside = estimate(LLAMA, hw, w, Candidate(sp=8, dp=2, zero_stage=3, checkpointing="full"))
+    across = estimate(LLAMA, hw, w, Candidate(sp=16, dp=1, zero_stage=3, checkpointing="full"))
+    # per GPU the all-to-all volume is about the same (s halves, P doubles) but it now crosses InfiniBand
+    assert across.time.attention_comm > 3 * inside.time.attention_comm
+    assert any("spans nodes" in n for n in across.notes)
+
+
+def test_full_recompute_repeats_forward_all_to_alls():
+    sel = _est(replace(BASE, checkpointing="sequence"))
+    full = _est(replace(BASE, checkpointing="full"))
+    assert full.time.attention_comm == pytest.approx(1.5 * sel.time.attention_comm)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ulysses communication volume
+# --------------------------------------------------------------------------------------------------
+
+def test_all_to_all_volume_is_independent_of_p_at_fixed_tokens_per_gpu():
+    """Per GPU, each layer moves (2q + 2k)(P-1)/P x s x e bytes: at fixed s = S/P that is constant up to
+    the (P-1)/P factor (Jacobs et al. 2023, arXiv 2309.14509) while P <= n_kv."""
+    s = 16_384
+    volumes = {}
+    for p in (2, 4, 8):
+        sh = Shapes(LLAMA, Workload(seq_len=s * p), Candidate(sp=p))
+        volumes[p] = comm.ulysses_bytes_per_layer(sh) / ((p - 1) / p)
+    assert volumes[2] == volumes[4] == volumes[8] == (2 * 4096 + 2 * 1024) * s * 2
+
+
+def test_kv_heads_replicated_beyond_n_kv():
+    """Llama-3.1-8B has 8 KV heads: at sp=16 each is sent twice, so k and v carry 16 x 128 per token."""
+    sh8 = Shapes(LLAMA, Workload(seq_len=16 * 4096), Candidate(sp=8))
+    sh16 = Shapes(LLAMA, Workload(seq_len=16 * 4096), Candidate(sp=16))
+    assert sh8.k_eff == 8 * 128 and sh8.kv_copies == 1
+    assert sh16.k_eff == 16 * 128 and sh16.kv_copies == 2
+    hw = resolve_hardware("h100x16")
+    e8 = estimate(LLAMA, hw, Workload(seq_len=65_536), Candidate(sp=8, dp=2, zero_stage=2))
+    e16 = estimate(LLAMA, hw, Workload(seq_len=65_536), Candidate(sp=16, zero_stage=2))
+    assert not any("replicated" in n for n in e8.notes)
+    assert any("replicated 2x" in n for n in e16.notes)
+    # the replicated K/V are bigger after the all-to-all: 2 x (16 - 8) x 128 more elements per token and layer
+    assert comm.ulysses_bytes_per_layer(sh16) / (15 / 16) - comm.ulysses_bytes_per_layer(sh8) / (7 / 8) * 0.5 \
+        == pytest.approx(2 * 8 * 128 * sh16.s * 2)
+
+
+def test_all_to_all_time_alpha_beta():
+    hw = H100X8
+    buf = 1e8
+    t = comm.all_to_all_time(hw, 8, buf)
+    assert t == pytest.approx(hw.intra_node_latency + buf * 7 / 8 / (hw.intra_node_bandwidth * hw.comm_efficiency))
+    assert comm.all_to_all_time(hw, 1, buf) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Validity, padding, max context
+# --------------------------------------------------------------------------------------------------
+
+def test_invalid_candidates_raise_value_error():
+    with pytest.raises(ValueError, match="query heads"):
+        estimate(resolve_model("qwen2.5-7b"), H100X8, W64K, Candidate(sp=8))  # 28 heads
+    with pytest.raises(ValueError, match="KV heads"):
+        estimate(resolve_model("qwen2.5-7b"), H100X8, W64K, Candidate(sp=7))  # 28 heads, 4 KV heads
+    with pytest.raises(ValueError, match="needs 16 GPUs"):
+        estimate(LLAMA, H100X8, W64K, Candidate(sp=8, dp=2))
+
+
+def test_padding_is_noted_and_counted():
+    est = estimate(LLAMA, H100X8, Workload(seq_len=100_001), Candidate(sp=8, zero_stage=3))
+    assert any("padded from 100001 to 100008" in n for n in est.notes)
+    assert est.tokens_per_second == pytest.approx(100_001 / est.time.step)
+
+
+def test_fp32_costs_more_memory_than_bf16():
+    a = memory_only(LLAMA, H100X8, W64K, BASE)
+    b = memory_only(LLAMA, H100X8, Workload(seq_len=65_536, dtype="fp32"), BASE)
+    assert b.activations == pytest.approx(2 * a.activations, rel=0.05)
+    assert b.parameters == 2 * a.parameters
+
+
+def test_max_seq_len_is_the_fit_boundary():
+    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", mlp_chunks=8, loss_chunks=16)
+    best = max_seq_len(LLAMA, H100X8, cand, multiple_of=1024)
+    assert best % 1024 == 0 and best > 1_000_000
+    assert fits(LLAMA, H100X8, Workload(seq_len=best), cand)
+    assert not fits(LLAMA, H100X8, Workload(seq_len=best + 1024), cand)
+    # offloading the checkpoints buys more context
+    assert max_seq_len(LLAMA, H100X8, replace(cand, offload_activations=True), multiple_of=1024) > best
+
+
+def test_estimate_never_returns_negative_or_nan():
+    for policy in ("none", "selective", "sequence", "full"):
+        for overlap in ("none", "kv_async", "head_pipeline"):
+            est = estimate(LLAMA, H100X8, W64K, replace(BASE, checkpointing=policy, overlap=overlap))
+            for value in (*vars(est.memory).values(), *vars(est.time).values(), est.tokens_per_second, est.mfu):
+                assert value >= 0 and not math.isnan(value)
+            assert 0 < est.mfu < 1
