@@ -73,11 +73,12 @@ def ulysses_bytes_per_layer(sh: Shapes) -> float:
     return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.P - 1) / sh.P
 
 
-def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> dict:
+def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tuple[float, float, float, float]:
     """ZeRO collectives over the dp x sp group, in seconds.
 
-    Returns {"per_step": comm once per optimizer step, "per_micro_fwd": comm overlappable with each
-    micro-batch's forward, "per_micro_bwd": with each backward, "exposed_per_step": never hidden}.
+    Returns (per_step, per_micro_fwd, per_micro_bwd, exposed_per_step): comm once per optimizer step,
+    comm overlappable with each micro-batch's forward, with each backward, and the part of the
+    per-step comm that is never hidden.
     stage 0: all-reduce of the gradients after the last backward (DeepSpeed reduces at the
     accumulation boundary) - exposed; stage 1: reduce-scatter of the gradients at the boundary plus
     all-gather of the updated parameters - exposed; stage 2: reduce-scatter in every backward
@@ -86,27 +87,20 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> di
     every backward (all prefetched/overlapped; the first layer's gather is exposed).
     """
     g = cand.sp * cand.dp
-    nbytes = n_params * e
-    out = {"per_step": 0.0, "per_micro_fwd": 0.0, "per_micro_bwd": 0.0, "exposed_per_step": 0.0}
     if g <= 1:
-        return out
+        return 0.0, 0.0, 0.0, 0.0
+    nbytes = n_params * e
     reduce_calls = math.ceil(n_params / ds.REDUCE_BUCKET_SIZE)
-    gather_calls = math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE)
     stage = cand.zero_stage
     if stage == 0:
         t = ring_time(hw, g, nbytes, "all_reduce", reduce_calls)
-        out["per_step"] = out["exposed_per_step"] = t
-    elif stage == 1:
-        t = ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls) + ring_time(hw, g, nbytes, "all_gather",
-                                                                                  gather_calls)
-        out["per_step"] = out["exposed_per_step"] = t
-    elif stage == 2:
-        out["per_micro_bwd"] = ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
-        t = ring_time(hw, g, nbytes, "all_gather", gather_calls)
-        out["per_step"] = out["exposed_per_step"] = t
-    else:
-        fetch_calls = math.ceil(n_params / ds.STAGE3_PREFETCH_BUCKET_SIZE)
-        gather = ring_time(hw, g, nbytes, "all_gather", fetch_calls)
-        out["per_micro_fwd"] = gather
-        out["per_micro_bwd"] = gather + ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
-    return out
+        return t, 0.0, 0.0, t
+    if stage == 1:
+        t = (ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
+             + ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE)))
+        return t, 0.0, 0.0, t
+    if stage == 2:
+        t = ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE))
+        return t, 0.0, ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls), t
+    gather = ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.STAGE3_PREFETCH_BUCKET_SIZE))
+    return 0.0, gather, gather + ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls), 0.0

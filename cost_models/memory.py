@@ -130,17 +130,31 @@ def layer_extra_bytes(sh: Shapes, policy: str) -> float:
 
 
 def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
-    """Elements per local token alive on top of the kept set while one layer runs its backward:
-    the activations the policy recomputes for this layer, plus the gradient working set (MLP:
-    d(silu*up), d(gate), d(up) per chunk and the residual-stream gradient in/out; attention: dO,
-    dq, dk, dv and flash-attention's fp32 dq accumulator)."""
+    """Elements per local token alive on top of the kept set while one layer runs its backward.
+
+    Two phases, the larger one is the peak (docs/cost_model.md, "Backward working set"):
+
+    - MLP backward: the attention-side tensors the policy recomputed (selective/sequence: norm1
+      output, h1 and norm2 output; full: all of them), the MLP intermediates that are not kept (all
+      four, or one chunk's 4f/N when tiled), and the MLP gradients (3f/N) with the residual-stream
+      gradient in and out (2h).
+    - attention backward: h1, norm2 output and the o_proj input are freed by then; the recomputed
+      norm1 output / q, k, v / attention output remain, plus dO, dq, dk, dv, flash attention's fp32 dq
+      accumulator (2q in 2-byte units) and the residual gradient (h).
+    """
     h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
-    full_attn, full_mlp = layer_saved_elems(sh, "none", False)
-    kept_attn, kept_mlp = layer_saved_elems(sh, policy, mlp_chunks > 1)
-    recomputed = full_attn - kept_attn
-    recomputed += 4 * f / mlp_chunks if mlp_chunks > 1 else full_mlp - kept_mlp
-    grads = max(3 * f / mlp_chunks + 2 * h, 4 * q + 2 * k)
-    return recomputed + grads
+    if policy == "none":
+        re_mlp_phase, re_attn_phase, mlp_live = 0.0, 0.0, 0.0
+    elif policy in ("selective", "sequence"):
+        re_mlp_phase, re_attn_phase = 3 * h, h
+        mlp_live = 2 * f if policy == "selective" else 4 * f
+    else:  # full
+        re_mlp_phase, re_attn_phase, mlp_live = 3 * h + 3 * q + 2 * k, h + 2 * q + 2 * k, 4 * f
+    if mlp_chunks > 1:
+        mlp_live = 4 * f / mlp_chunks
+    mlp_phase = re_mlp_phase + mlp_live + 3 * f / mlp_chunks + 2 * h
+    attn_phase = re_attn_phase + 4 * q + 2 * k + h
+    return max(mlp_phase, attn_phase)
 
 
 def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, float]:

@@ -95,14 +95,15 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
         offload_micro = L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
 
     # --- ZeRO ---
-    z = comm.zero_times(hw, cand, n_params, sh.e)
+    z_step, z_fwd, z_bwd, z_exposed = comm.zero_times(hw, cand, n_params, sh.e)
     ga = cand.grad_accum
-    zero_total = z["per_step"] + ga * (z["per_micro_fwd"] + z["per_micro_bwd"])
-    zero_exposed = z["exposed_per_step"]
-    zero_exposed += ga * max(0.0, z["per_micro_fwd"] - ZERO_OVERLAP_FRACTION * t_fwd)
-    zero_exposed += ga * max(0.0, z["per_micro_bwd"] - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute))
+    zero_total = z_step + ga * (z_fwd + z_bwd)
+    zero_exposed = z_exposed
+    if z_fwd or z_bwd:
+        zero_exposed += ga * (max(0.0, z_fwd - ZERO_OVERLAP_FRACTION * t_fwd)
+                              + max(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute)))
     if cand.zero_stage == 3:
-        zero_exposed += ga * z["per_micro_fwd"] / max(1, L)  # the first layer's gather has nothing to hide behind
+        zero_exposed += ga * z_fwd / L  # the first layer's gather has nothing to hide behind
 
     compute = ga * t_micro + t_optimizer
     recompute = ga * t_recompute

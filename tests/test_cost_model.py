@@ -82,7 +82,7 @@ def test_hand_computed_tiny_example():
     # up, product = 4*128 = 512 -> 1024 elements = 2048 B, plus fp32 logsumexp 4 B x 4 heads and two
     # fp32 RMSNorm inverse-RMS values (8 B) = 2072 B per token and layer.
     kept = 2 * 512 * 2072 + 2 * 64 * 2 * 512  # two layers + final norm input/output (2h x 2 B x 512)
-    # Backward working set of one layer: max(MLP 3f + 2h = 512, attention 4q + 2k = 320) elements.
+    # Backward working set of one layer: max(MLP grads 3f + 2h = 512, attention grads 4q + 2k + h = 384).
     transient = 512 * 2 * 512
     assert m.activations == kept + transient == 2_252_800 + 524_288
 
