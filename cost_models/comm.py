@@ -59,10 +59,21 @@ def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, flo
     times when P > n_kv, so every rank receives the KV head its query heads need). The backward runs
     the same four on the gradients; full recompute repeats the forward four.
     """
-    if sh.P <= 1:
+    P = sh.P
+    if P <= 1:
         return 0.0, 0.0, 0.0, 0.0
-    t_q = all_to_all_time(hw, sh.P, sh.s * sh.q * sh.e)
-    t_kv = all_to_all_time(hw, sh.P, sh.s * sh.k_eff * sh.e)
+    # all_to_all_time for the two buffer sizes, with the link split computed once
+    eff = hw.comm_efficiency
+    local = min(P, hw.devices_per_node)
+    latency = hw.inter_node_latency if P > hw.devices_per_node else hw.intra_node_latency
+    unit = sh.s * sh.e / P
+    intra_bw, inter_bw = hw.intra_node_bandwidth * eff, hw.inter_node_bandwidth * eff
+    times = []
+    for width in (sh.q, sh.k_eff):
+        t_intra = _xfer(unit * width * (local - 1), intra_bw)
+        t_inter = _xfer(unit * width * (P - local), inter_bw)
+        times.append(latency + (t_intra if t_intra > t_inter else t_inter))
+    t_q, t_kv = times
     return t_q, t_kv, t_kv, t_q
 
 
@@ -89,18 +100,22 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     g = cand.sp * cand.dp
     if g <= 1:
         return 0.0, 0.0, 0.0, 0.0
-    nbytes = n_params * e
+    # ring_time inlined: one link for every ZeRO collective of this group
+    spans = g > hw.devices_per_node
+    bandwidth = (hw.inter_node_bandwidth if spans else hw.intra_node_bandwidth) * hw.comm_efficiency
+    alpha = (hw.inter_node_latency if spans else hw.intra_node_latency) * (g - 1)
+    one_pass = _xfer((g - 1) / g * n_params * e, bandwidth)  # reduce-scatter or all-gather bytes
     reduce_calls = math.ceil(n_params / ds.REDUCE_BUCKET_SIZE)
     stage = cand.zero_stage
     if stage == 0:
-        t = ring_time(hw, g, nbytes, "all_reduce", reduce_calls)
+        t = 2.0 * (alpha * reduce_calls + one_pass)  # all-reduce = reduce-scatter + all-gather
         return t, 0.0, 0.0, t
+    gather_calls = math.ceil(n_params / (ds.STAGE3_PREFETCH_BUCKET_SIZE if stage == 3 else ds.ALLGATHER_BUCKET_SIZE))
+    reduce_scatter = alpha * reduce_calls + one_pass
+    all_gather = alpha * gather_calls + one_pass
     if stage == 1:
-        t = (ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls)
-             + ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE)))
+        t = reduce_scatter + all_gather
         return t, 0.0, 0.0, t
     if stage == 2:
-        t = ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.ALLGATHER_BUCKET_SIZE))
-        return t, 0.0, ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls), t
-    gather = ring_time(hw, g, nbytes, "all_gather", math.ceil(n_params / ds.STAGE3_PREFETCH_BUCKET_SIZE))
-    return 0.0, gather, gather + ring_time(hw, g, nbytes, "reduce_scatter", reduce_calls), 0.0
+        return all_gather, 0.0, reduce_scatter, all_gather
+    return 0.0, all_gather, all_gather + reduce_scatter, 0.0

@@ -63,9 +63,11 @@ class Shapes:
         # Matmul parameters of one forward: every layer's projections and MLP plus the LM head (the
         # embedding lookup is a gather, not a matmul). Tied embeddings still run the head matmul.
         self.dense_params = model.n_layers * self.layer_matmul_params + self.lm_head_params
-        self.layer_params = model.layer_params()
-        self.n_params = model.n_layers * self.layer_params + model.embedding_params()
+        # same arithmetic as ModelSpec.layer_params() / n_params(), inlined: this runs on every estimate
         self.qkv_bias = model.qkv_bias
+        self.layer_params = self.layer_matmul_params + 2 * h + ((self.q + 2 * self.k) if model.qkv_bias else 0)
+        self.n_params = (model.n_layers * self.layer_params
+                         + self.lm_head_params * (1 if model.tied_embeddings else 2) + h)
 
 
 def shapes(model: ModelSpec, workload: Workload, cand: Candidate) -> Shapes:

@@ -355,3 +355,23 @@ def test_estimate_never_returns_negative_or_nan():
             for value in (*vars(est.memory).values(), *vars(est.time).values(), est.tokens_per_second, est.mfu):
                 assert value >= 0 and not math.isnan(value)
             assert 0 < est.mfu < 1
+
+
+def test_shapes_parameter_count_matches_model_spec():
+    from autosp.planner.models import list_models
+
+    odd = ModelSpec(name="odd", n_layers=3, hidden=96, n_heads=6, n_kv_heads=3, head_dim=24, ffn_hidden=200,
+                    vocab=1000, gated_mlp=False, tied_embeddings=True, qkv_bias=True)
+    for model in list_models() + [odd, TINY]:
+        sh = Shapes(model, Workload(seq_len=4096), Candidate(sp=1))
+        assert sh.n_params == model.n_params() and sh.layer_params == model.layer_params(), model.name
+
+
+def test_hardware_without_link_figures_does_not_crash():
+    """A calibration profile may lack links (zeros): communication then costs infinite time, not an error."""
+    bare = HardwareSpec(name="bare", accelerator=AcceleratorSpec(name="cpu", peak_flops=1e12, memory_bytes=64 * GIB,
+                                                                  memory_bandwidth=0.0), devices_per_node=2)
+    est = estimate(TINY, bare, Workload(seq_len=1024), Candidate(sp=2, zero_stage=1))
+    assert math.isinf(est.time.step) and est.tokens_per_second == 0 and est.mfu == 0
+    single = estimate(TINY, bare, Workload(seq_len=1024), Candidate(sp=1))
+    assert 0 < single.time.step < math.inf and single.tokens_per_second > 0
