@@ -88,15 +88,18 @@ def _cores() -> int:
 
 
 def _check_out(path: str) -> None:
-    """Fail before measuring when --out cannot be written."""
+    """Fail before measuring when --out cannot be written (by trying: permission bits lie to root)."""
+    import tempfile
+
     if os.path.isdir(path):
         raise UsageError(f"--out {path} is a directory; give a file path such as {os.path.join(path, 'hw.json')}")
     parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write --out {path}: {probe} is not a writable directory")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".autosp-calibrate-", suffix=".probe"):
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write --out {path}: {parent}: {err.strerror or err}") from None
 
 
 def _resolve_compare(name: str):

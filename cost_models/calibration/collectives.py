@@ -63,25 +63,35 @@ def sweep_group(group_size: int, group, device, sync, settings, tick=lambda labe
             for _ in settings.message_sizes:
                 tick(f"{collective} g={group_size} (unsupported)")
             continue
+        sizes = []
         for size in settings.message_sizes:
             numel = max(group_size, (size // elem) // group_size * group_size)
-            nbytes = numel * elem
-            tick(f"{collective} g={group_size} {_human_bytes(nbytes)}")
-            op = _make_op(collective, numel, group_size, group, device, dtype)
+            if numel not in [n for n, _ in sizes]:
+                sizes.append((numel, _make_op(collective, numel, group_size, group, device, dtype)))
+        wanted = []
+        for numel, op in sizes:
+            tick(f"{collective} g={group_size} {_human_bytes(numel * elem)}")
             for _ in range(max(1, settings.warmup)):
                 op()
             sync()
             one = time_samples(op, sync, 0, 1, 1)[0]
-            # Every member must loop the same number of times: agree on the largest count asked for.
-            agreed = torch.tensor([inner_count(one, settings.target_seconds, settings.max_inner)],
-                                  device=device, dtype=torch.int64)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-            inner = int(agreed.item())
-            samples = time_samples(op, sync, 0, settings.comm_reps, inner)
+            wanted.append(inner_count(one, settings.target_seconds, settings.max_inner))
+        # Every member must loop the same number of times: agree on the largest count any rank asked for.
+        agreed = torch.tensor(wanted, device=device, dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+        inners = [int(v) for v in agreed.tolist()]
+        # Round-robin over the sizes, so that a burst of outside load lands on all sizes alike instead of
+        # bending the size -> time curve the fit reads.
+        samples = [[] for _ in sizes]
+        for _ in range(settings.comm_reps):
+            for i, (_, op) in enumerate(sizes):
+                samples[i] += time_samples(op, sync, 0, 1, inners[i])
+        for (numel, _), inner, times in zip(sizes, inners, samples):
+            nbytes = numel * elem
             entry["points"].append({
                 "bytes": nbytes, "link_bytes": bus_factor(collective, group_size) * nbytes,
-                "seconds": median(samples), "min_seconds": min(samples), "samples": samples, "inner": inner})
-            del op
+                "seconds": median(times), "min_seconds": min(times), "samples": times, "inner": inner})
+        del sizes
     return results
 
 

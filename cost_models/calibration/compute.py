@@ -5,9 +5,11 @@ FLOP conventions (the cost model must use the same ones to turn these rates into
 - matmul ``(M, K, N)``: ``2 M K N``.
 - linear forward + backward at ``(M, K, N)`` (``y = x W^T``, gradients of ``x`` and ``W``): ``6 M K N``.
 - causal attention forward + backward, ``B`` sequences of ``S`` tokens, ``H`` heads of width ``D``
-  (``h = H D``): ``12 B h S^2`` counted as full (QK^T and PV, forward and twice that backward), and
-  ``6 B h S^2`` as *causal* (half: the kernel skips the masked upper triangle). The profile's
-  ``attention_efficiency`` uses the causal count.
+  (``h = H D``), counted as the cost model (cost_models/flops.py) counts the work a flash kernel does:
+  forward ``2 B h S^2`` (QK^T and PV, ``4 B h S^2``, halved by the causal mask) and backward 2.5 x the
+  forward (it recomputes QK^T; FlashAttention-2, arXiv 2307.08691): ``7 B h S^2`` in all. This is
+  ``flop``; ``flop_model`` (``6 B h S^2``, backward 2 x forward, what MFU counts) and ``flop_full``
+  (``12 B h S^2``, no causal halving) are recorded too.
 - memory copy of ``n`` bytes: ``2 n`` bytes moved (read + write).
 """
 
@@ -17,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from autosp.cost_models.calibration.timing import TORCH_DTYPES, measure
+
+ATTENTION_BACKWARD_FACTOR = 2.5
+"""Flash-attention backward work / forward work, as cost_models/flops.py (FA_BACKWARD_FACTOR) counts it."""
 
 
 def _record(kind: str, dtype: str, flop: float, timing: dict, **extra) -> dict:
@@ -66,11 +71,11 @@ def attention_fwd_bwd(seq_len: int, dtype: str, device, sync, settings, batch: i
         torch.autograd.grad(out, (q, k, v), dout)
 
     timing = measure(step, sync, settings)
-    hidden = heads * head_dim
-    full = 12.0 * batch * hidden * seq_len * seq_len
-    rec = _record("attention_fwd_bwd", dtype, full / 2, timing, seq_len=seq_len, batch=batch, heads=heads,
-                  head_dim=head_dim)
-    rec["flop_full"] = full
+    forward = 2.0 * batch * heads * head_dim * seq_len * seq_len  # causal: half of QK^T + PV
+    rec = _record("attention_fwd_bwd", dtype, forward * (1 + ATTENTION_BACKWARD_FACTOR), timing, seq_len=seq_len,
+                  batch=batch, heads=heads, head_dim=head_dim)
+    rec["flop_model"] = 3.0 * forward
+    rec["flop_full"] = 6.0 * forward
     return rec
 
 

@@ -103,10 +103,14 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int, cfg: Laun
         total = compute.count_compute_items(settings) + 1 + (settings.device == "cuda")
         total += collectives.count_collective_items(groups, settings)
         progress = Progress(total, enabled=cfg.progress and rank == 0)
-        if distributed:
-            dist.barrier(group=ctrl)  # start together: the ranks contend for shared resources as in training
         mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(),
                 "device_name": _device_name(device), "threads": torch.get_num_threads()}
+        if distributed:
+            dist.barrier(group=ctrl)  # every rank alive with torch loaded, no measuring buffer yet
+        mine["rss_at_start"] = memory.rss_bytes()
+        mine["host_memory"] = memory.host_memory()
+        if distributed:
+            dist.barrier(group=ctrl)  # start together: the ranks contend for shared resources as in training
         mine["compute"] = compute.run_compute(device, sync, settings, progress.tick)
         mine["host_bandwidth"] = None
         if settings.device == "cuda":
@@ -124,9 +128,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int, cfg: Laun
         if distributed:
             dist.barrier(group=ctrl)
         progress.tick("usable memory")
-        mine["host_memory"] = memory.host_memory()
-        mine["memory"] = (memory.gpu_memory(device) if settings.device == "cuda"
-                          else memory.cpu_memory(local_world))
+        mine["gpu_memory"] = memory.gpu_memory(device) if settings.device == "cuda" else None
         if distributed:
             gathered = [None] * world if rank == 0 else None
             dist.gather_object(mine, gathered, dst=0, group=ctrl)

@@ -1,12 +1,19 @@
 """Usable memory per rank and host<->device bandwidth.
 
-- GPU: the device's total memory, and a probe of what one rank can really allocate once its CUDA
-  context, the process group and the calibration's own buffers exist: allocate chunks (1 GiB, then
-  smaller down to 16 MiB) until the allocator refuses, add them up, free them.
-- CPU: the node's RAM from /proc/meminfo (``MemTotal``, ``MemAvailable``), read while every rank
-  process is alive with torch loaded; a rank's share is ``MemTotal / ranks`` of which
-  ``MemAvailable / MemTotal`` is usable. Nothing is allocated: the node is shared, and the kernel would
-  rather kill a process than refuse an allocation.
+The cost model (cost_models/memory.py) budgets the runtime's own footprint (CUDA context, NCCL buffers,
+fragmentation) as a separate *reserve*; ``usable_memory_fraction`` is the share of ``memory_bytes`` the
+system leaves to a training process *before* that reserve, so we add the footprint we observe back
+rather than count it twice. The footprint itself is recorded for comparison with the reserve.
+
+- GPU: at the end of the run (CUDA context and NCCL communicators exist), with the caching allocator
+  emptied: ``overhead = total - free`` (context, NCCL, and anything else on the device: calibrate on
+  otherwise idle GPUs), then a probe allocates chunks (1 GiB, then smaller down to 16 MiB) until the
+  allocator refuses and frees them. usable = ``(allocatable + overhead) / total``.
+- CPU: at the start of the run, with every rank process alive and torch loaded, before any measuring
+  buffer exists: ``MemTotal`` and ``MemAvailable`` from /proc/meminfo and each rank's resident set
+  (``VmRSS``, the CPU analogue of the CUDA context). A rank's share is ``MemTotal / ranks``; usable =
+  ``(MemAvailable + sum of rank RSS) / MemTotal``. Nothing is allocated to probe: the node is shared,
+  and the kernel would rather kill a process than refuse an allocation.
 """
 
 from __future__ import annotations
@@ -37,12 +44,16 @@ def host_memory() -> dict:
                 "source": "sysconf SC_PHYS_PAGES, SC_AVPHYS_PAGES (free, not reclaimable: pessimistic)"}
 
 
-def cpu_memory(local_ranks: int) -> dict:
-    host = host_memory()
-    return {**host, "ranks": local_ranks,
-            "per_rank_bytes": host["total_bytes"] / local_ranks,
-            "per_rank_usable_bytes": host["available_bytes"] / local_ranks,
-            "usable_fraction": host["available_bytes"] / host["total_bytes"]}
+def rss_bytes() -> float:
+    """This process's resident set (``VmRSS``), 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return float(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
 
 
 def gpu_memory(device, min_chunk: int = 16 << 20, first_chunk: int = _GiB) -> dict:
@@ -50,6 +61,8 @@ def gpu_memory(device, min_chunk: int = 16 << 20, first_chunk: int = _GiB) -> di
     torch.cuda.empty_cache()
     total = float(torch.cuda.get_device_properties(device).total_memory)
     free_before, _ = torch.cuda.mem_get_info(device)
+    reserved = float(torch.cuda.memory_reserved(device))
+    overhead = max(0.0, total - free_before - reserved)
     held, allocated, chunk = [], 0, first_chunk
     try:
         for _ in range(100_000):
@@ -63,8 +76,10 @@ def gpu_memory(device, min_chunk: int = 16 << 20, first_chunk: int = _GiB) -> di
     finally:
         del held
         torch.cuda.empty_cache()
-    return {"total_bytes": total, "free_reported_bytes": float(free_before), "allocatable_bytes": float(allocated),
-            "usable_fraction": allocated / total, "source": "torch.cuda allocation probe"}
+    return {"total_bytes": total, "free_reported_bytes": float(free_before), "allocator_reserved_bytes": reserved,
+            "overhead_bytes": overhead, "allocatable_bytes": float(allocated + reserved),
+            "usable_fraction": min(1.0, (allocated + reserved + overhead) / total),
+            "source": "torch.cuda allocation probe"}
 
 
 def host_device_bandwidth(nbytes: int, device, sync, settings) -> dict:

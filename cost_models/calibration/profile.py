@@ -1,18 +1,23 @@
 """From raw measurements to a HardwareSpec, its measurements sidecar, and a readable summary.
 
-No torch here: this runs on the gathered JSON. The rules (docs/calibration.md says the same):
+No torch here: this runs on the gathered JSON. The rules (docs/calibration.md says the same), chosen so
+that the cost model (cost_models/step_time.py, comm.py, memory.py) predicts the measured times for the
+measured shapes:
 
 - A synchronous training step runs at the pace of its slowest rank, so every per-rank rate is combined
   across ranks by taking the *slowest* rank (minimum rate, maximum time); the spread is recorded.
 - ``peak_flops``: the best matmul rate measured in the profile dtype (plain matmuls and the linear
   forward+backward alike). MFU computed against a calibrated profile is relative to this, not to a
   datasheet.
-- ``matmul_efficiency``: linear forward+backward rate at the training shape / ``peak_flops``.
-- ``attention_efficiency``: causal SDPA forward+backward rate (causal FLOP count, 6 B h S^2) at the longest
-  sequence measured / ``peak_flops``.
-- ``intra_node_bandwidth``: the best bus bandwidth (beta) of any collective on the largest intra-node group;
-  ``comm_efficiency``: all-to-all beta there / that; ``intra_node_latency``: all-to-all alpha there. So
-  ``intra_node_bandwidth * comm_efficiency`` is the measured all-to-all bus bandwidth.
+- ``matmul_efficiency``: linear forward+backward rate (6 M K N FLOP) at the training shape / peak.
+- ``attention_efficiency``: causal SDPA forward+backward rate at the longest sequence measured, FLOPs
+  counted as flash-kernel work (7 B h S^2: forward 2 B h S^2, backward 2.5 x), / ``peak_flops``.
+- ``intra_node_bandwidth`` / ``intra_node_latency``: beta / alpha of the all-to-all fit on the largest
+  intra-node group; ``comm_efficiency`` = 1.0 because the bandwidths are already achieved rates (the cost
+  model multiplies ``intra_node_bandwidth`` and ``host_bandwidth`` by it). Every collective's own fit is
+  in the sidecar.
+- ``memory_bytes`` x ``usable_memory_fraction``: what a rank may fill besides the runtime reserve
+  (CUDA context, NCCL, torch itself) that the cost model budgets separately; see :mod:`.memory`.
 """
 
 from __future__ import annotations
@@ -118,16 +123,28 @@ def _fit_points(points, col: str) -> dict | None:
                           "beta = largest message bus bandwidth"}
 
 
+def cpu_memory(host: dict, rank_rss, local_ranks: int) -> dict:
+    """Per-rank figures from a node snapshot ``host`` and the ranks' resident sets ``rank_rss``."""
+    runtime = float(sum(rank_rss))
+    usable = min(host["total_bytes"], host["available_bytes"] + runtime)
+    return {**host, "ranks": local_ranks, "rank_rss_bytes": list(rank_rss),
+            "per_rank_bytes": host["total_bytes"] / local_ranks,
+            "per_rank_usable_bytes": usable / local_ranks,
+            "per_rank_runtime_bytes": runtime / max(1, len(rank_rss)),
+            "usable_fraction": usable / host["total_bytes"]}
+
+
 def _link_figures(entries, scope: str):
-    """(bandwidth, efficiency, latency, group size) for the largest group of ``scope``, or None."""
+    """``(bandwidth, latency, group size, collective)`` for the largest group of ``scope``, or None.
+
+    The all-to-all's fit (Ulysses' collective); if it is missing, the slowest other collective's."""
     sizes = [e["group_size"] for e in entries if e["scope"] == scope and e.get("fit")]
     if not sizes:
         return None
     g = max(sizes)
     fits = {e["collective"]: e["fit"] for e in entries if e["scope"] == scope and e["group_size"] == g and e.get("fit")}
-    best = max(f["beta"] for f in fits.values())
-    a2a = fits.get("all_to_all") or max(fits.values(), key=lambda f: f["beta"])
-    return best, a2a["beta"] / best, a2a["alpha"], g
+    name = "all_to_all" if "all_to_all" in fits else min(fits, key=lambda k: fits[k]["beta"])
+    return fits[name]["beta"], fits[name]["alpha"], g, name
 
 
 def _short_device(name: str, device: str) -> str:
@@ -155,22 +172,31 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
                key=lambda r: r["seq_len"])
     peak = max(r["flops"] for r in matmul_rows)
 
-    mems = [r["memory"] for r in raw["ranks"]]
+    node = raw["ranks"][0]
+    host_memory = node["host_memory"]["total_bytes"]
     if device == "cuda":
+        mems = [r["gpu_memory"] for r in raw["ranks"]]
         memory_bytes = min(m["total_bytes"] for m in mems)
         usable_fraction = min(m["usable_fraction"] for m in mems)
         host_bw = min(min(r["host_bandwidth"]["h2d"], r["host_bandwidth"]["d2h"]) for r in raw["ranks"])
-        host_note = "min over ranks of min(pinned host->device, device->host) copy rate"
+        host_note = "min over ranks of min(pinned host->device, device->host) copy rate, bytes/s"
+        memory_note = ("min over ranks of (allocatable + runtime overhead) / total after the CUDA context and "
+                       "NCCL exist; the overhead itself is in memory[*].overhead_bytes")
     else:
-        memory_bytes = mems[0]["per_rank_bytes"]
-        usable_fraction = mems[0]["usable_fraction"]
+        same_node = [r for r in raw["ranks"] if r["host"] == node["host"]]
+        mem = cpu_memory(node["host_memory"], [r["rss_at_start"] for r in same_node], local_world)
+        mems = [mem]
+        memory_bytes = mem["per_rank_bytes"]
+        usable_fraction = mem["usable_fraction"]
         host_bw = comp["copy_bandwidth"] / 2
-        host_note = "CPU: bytes copied per second by a host memory copy (copy bandwidth / 2)"
-    host_memory = raw["ranks"][0]["host_memory"]["total_bytes"]
+        host_note = "CPU: bytes copied per second by a host memory copy (memory_bandwidth / 2)"
+        memory_note = ("(MemAvailable + resident sets of the rank processes at start) / MemTotal; the rank "
+                       "processes' own footprint is memory[0].per_rank_runtime_bytes")
     entries = fit_collectives(raw)
     intra = _link_figures(entries, "intra")
     inter = _link_figures(entries, "inter")
 
+    lin_shape = "x".join(map(str, linear["shape"]))
     device_name = raw["ranks"][0]["device_name"]
     threads = raw["ranks"][0]["threads"]
     now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -190,36 +216,38 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
         devices_per_node=local_world,
         nodes=max(1, world // local_world),
         intra_node_bandwidth=intra[0] if intra else 0.0,
-        intra_node_latency=intra[2] if intra else 0.0,
+        intra_node_latency=intra[1] if intra else 0.0,
         inter_node_bandwidth=inter[0] if inter else 0.0,
-        inter_node_latency=inter[2] if inter else 0.0,
+        inter_node_latency=inter[1] if inter else 0.0,
         host_bandwidth=host_bw,
         host_memory_bytes=host_memory,
         matmul_efficiency=linear["flops"] / peak,
         attention_efficiency=attn["flops"] / peak,
-        comm_efficiency=intra[1] if intra else 1.0,
+        comm_efficiency=1.0,
         usable_memory_fraction=usable_fraction,
         source=where,
     )
-    lin_shape = "x".join(map(str, linear["shape"]))
+    def link(what, fig, scope):
+        if not fig:
+            return "0: not measured (" + ("one rank)" if scope == "intra" else "one node)")
+        return f"{what} of the {fig[3]} fit on {fig[2]} ranks ({scope}-node)"
+
     derivation = {
         "peak_flops": f"best {dtype} matmul rate measured (slowest rank per shape), FLOP/s",
-        "matmul_efficiency": f"linear fwd+bwd {dtype} {lin_shape} rate {linear['flops']:.4g} / peak_flops",
+        "matmul_efficiency": f"linear fwd+bwd {dtype} {lin_shape} rate {linear['flops']:.4g} (6MKN) / peak_flops",
         "attention_efficiency": (f"causal SDPA fwd+bwd {dtype} S={attn['seq_len']} rate {attn['flops']:.4g} "
-                                 f"(6*B*h*S^2 FLOP) / peak_flops"),
+                                 "(7*B*h*S^2: forward 2BhS^2, backward 2.5x) / peak_flops"),
         "memory_bandwidth": "device memory copy, (read + write) bytes / s, slowest rank",
-        "memory_bytes": ("GPU total memory" if device == "cuda" else f"node MemTotal / {local_world} ranks"),
-        "usable_memory_fraction": ("min over ranks of allocatable / total (allocation probe)" if device == "cuda"
-                                   else "node MemAvailable / MemTotal with every rank process alive"),
+        "memory_bytes": ("GPU total memory (torch total_memory)" if device == "cuda"
+                         else f"node MemTotal / {local_world} ranks"),
+        "usable_memory_fraction": memory_note,
         "host_bandwidth": host_note,
         "host_memory_bytes": "node MemTotal (whole node, not per rank)",
-        "intra_node_bandwidth": (f"best bus bandwidth (beta) of any collective on {intra[3]} ranks" if intra
-                                 else "not measured (one rank)"),
-        "comm_efficiency": ("all-to-all beta / intra_node_bandwidth on the same group" if intra
-                            else "not measured (one rank): 1.0"),
-        "intra_node_latency": (f"all-to-all alpha on {intra[3]} ranks" if intra else "not measured (one rank)"),
-        "inter_node_bandwidth": ("best beta on the whole world (spans nodes)" if inter else "not measured"),
-        "inter_node_latency": ("all-to-all alpha on the whole world" if inter else "not measured"),
+        "intra_node_bandwidth": link("beta (bus bandwidth, bytes/s)", intra, "intra"),
+        "intra_node_latency": link("alpha (seconds per call)", intra, "intra"),
+        "inter_node_bandwidth": link("beta (bus bandwidth, bytes/s)", inter, "inter"),
+        "inter_node_latency": link("alpha (seconds per call)", inter, "inter"),
+        "comm_efficiency": "1.0: the bandwidths above are measured, achieved rates",
     }
     sidecar = {
         "schema": MEASUREMENTS_SCHEMA,
