@@ -1,0 +1,379 @@
+"""``make_plan``: the planner's one entry point (``autosp.plan`` and ``autosp-plan`` both call it).
+
+Resolve the model and cluster, build the search space, look the request up in the plan cache, search
+(Optuna by default, or exhaustively), explain the runner-ups, and return a :class:`Plan`. Never imports
+torch; optuna only when the Optuna search actually runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+
+from autosp.cost_models.specs import DTYPES, Candidate, Estimate, HardwareSpec, ModelSpec, Workload
+from autosp.errors import InfeasibleError, UsageError
+from autosp.planner.plan import OBJECTIVES, Plan, RunnerUp
+from autosp.planner.units import format_gib, format_seconds, format_tokens, parse_count, parse_ctx
+
+SEARCHES = ("optuna", "exhaustive")
+
+
+def _resolve_model(model) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    if not isinstance(model, str) or not model.strip():
+        raise UsageError(f"--model must be a preset name or a path to a config.json, got {model!r}")
+    from autosp.planner.models import resolve_model
+
+    return resolve_model(model)
+
+
+def _resolve_hardware(hw, nodes) -> HardwareSpec:
+    if nodes is not None:
+        nodes = parse_count(nodes, "--nodes")
+    if isinstance(hw, HardwareSpec):
+        return hw if nodes is None else replace(hw, nodes=nodes)
+    if not isinstance(hw, str) or not hw.strip():
+        raise UsageError(f"--hw must be a catalog name such as h100x8 or a path to a cluster file, got {hw!r}")
+    from autosp.planner.hardware import resolve_hardware
+
+    return resolve_hardware(hw, nodes=nodes)
+
+
+def _check_options(objective, search, dtype, trials, top_k, seed):
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if search not in SEARCHES:
+        raise UsageError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if trials is not None:
+        trials = parse_count(trials, "--trials")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise UsageError(f"top_k must be a non-negative integer, got {top_k!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise UsageError(f"--seed must be an integer, got {seed!r}")
+    return trials
+
+
+def request_description(model: ModelSpec, hw: HardwareSpec, workload: Workload, objective: str, search: str,
+                        trials: int, seed: int, allow_cross_node_sp: bool, top_k: int, space_version: str) -> dict:
+    """Everything the answer depends on (the plan cache's key material)."""
+    return {"model": model.fingerprint(), "hardware": hw.fingerprint(), "workload": asdict(workload),
+            "objective": objective, "search": search, "trials": trials if search == "optuna" else None,
+            "seed": seed if search == "optuna" else None, "allow_cross_node_sp": allow_cross_node_sp,
+            "top_k": top_k, "space_version": space_version}
+
+
+def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
+              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
+              top_k: int = 3) -> Plan:
+    """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
+
+    ``model``: a preset name, a path to a Hugging Face ``config.json``, or a ModelSpec.
+    ``ctx``: tokens per sequence (an int or a string such as ``"200k"``); with ``objective="max-ctx"``
+    it may be None, otherwise it is the least context the plan must reach.
+    ``hw``: a catalog name (``"h100x8"``), a cluster file, or a HardwareSpec; ``nodes`` overrides its
+    node count. ``cache``: None (no cache), True (the default cache file) or a path.
+    Raises UsageError for bad input and InfeasibleError when nothing fits.
+    """
+    started = time.perf_counter()
+    trials = _check_options(objective, search, dtype, trials, top_k, seed)
+    if ctx is None:
+        if objective != "max-ctx":
+            raise UsageError("--ctx is required (except with --objective max-ctx)")
+        seq_len = None
+    else:
+        seq_len = parse_ctx(ctx)
+    if global_batch is not None:
+        global_batch = parse_count(global_batch, "--global-batch")
+    model_spec = _resolve_model(model)
+    hw_spec = _resolve_hardware(hw, nodes)
+
+    from autosp.planner.evaluator import CTX_GRANULE, Evaluator
+    from autosp.planner.search import DEFAULT_TRIALS
+    from autosp.planner.space import SPACE_VERSION, build_space
+
+    if trials is None:
+        trials = DEFAULT_TRIALS
+    workload = Workload(seq_len=seq_len or CTX_GRANULE, global_batch=global_batch, dtype=dtype)
+    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp)
+    if global_batch is not None and space.size() == 0:
+        dps = sorted({hw_spec.world_size // sp for sp in space.sp})
+        raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
+                         f"available here ({', '.join(map(str, dps))}); use a multiple of one of them")
+
+    request = request_description(model_spec, hw_spec, workload, objective, search, trials, seed,
+                                  allow_cross_node_sp, top_k, SPACE_VERSION)
+    request["workload"]["seq_len"] = seq_len  # None: max-ctx without a floor
+    store, key = None, None
+    if cache is not None and cache is not False:
+        from autosp.planner import cache as plan_cache
+
+        store = plan_cache.open_store(None if cache is True else cache)
+        key = plan_cache.request_key(request)
+        hit = _cached_plan(store, key, started)
+        if hit is not None:
+            store.close()
+            return hit
+
+    evaluator = Evaluator(space)
+    search_started = time.perf_counter()
+    if search == "optuna":
+        from autosp.planner import search as optuna_search
+
+        if objective == "throughput":
+            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed)
+        else:
+            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed)
+        sampler = f"optuna TPESampler(multivariate, seed={seed}) + warm starts + local refinement"
+    else:
+        from autosp.planner import exhaustive
+
+        result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
+                  else exhaustive.exhaustive_max_ctx(space, evaluator))
+        sampler = "exhaustive"
+    search_seconds = time.perf_counter() - search_started
+
+    best = result.best
+    if best is None:
+        raise InfeasibleError(_infeasible_message(space, evaluator, objective, allow_cross_node_sp))
+    cand, est = best
+    if objective == "max-ctx":
+        if seq_len is not None and result.seq_len < seq_len:
+            raise InfeasibleError(
+                f"the longest context any plan fits on {hw_spec.name} is {format_tokens(result.seq_len)} tokens "
+                f"({result.seq_len:,}), short of the requested {format_tokens(seq_len)}; "
+                f"{_more_gpus_hint(space, seq_len, allow_cross_node_sp)}")
+        workload = replace(workload, seq_len=result.seq_len)
+
+    runner_ups = explain_runner_ups(result, evaluator, objective, top_k)
+    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp)
+    search_info = {
+        "strategy": search,
+        "sampler": sampler,
+        "trials": result.trials if search == "optuna" else None,
+        "evaluations": result.evaluations,
+        "space_size": space.with_workload(workload).size(),
+        "space_version": SPACE_VERSION,
+        "seed": seed,
+        "allow_cross_node_sp": allow_cross_node_sp,
+        "search_wall_time_s": round(search_seconds, 4),
+        "wall_time_s": round(time.perf_counter() - started, 4),
+        "cache": "miss" if store is not None else "off",
+        "padding_tokens": pad_tokens,
+        "padding_fraction": round(pad_fraction, 6),
+    }
+    if objective == "max-ctx":
+        search_info["max_ctx_tokens"] = result.seq_len
+        search_info["max_ctx_granule"] = CTX_GRANULE
+    if result.details:
+        search_info.update({k: v for k, v in result.details.items() if k != "space_size"})
+    if space.excluded_sp:
+        search_info["excluded_sp"] = {str(sp): why for sp, why in space.excluded_sp}
+    plan = Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=cand, estimate=est,
+                objective=objective, search=search_info, runner_ups=tuple(runner_ups))
+    if store is not None:
+        store.put(key, plan.to_json(), request)
+        store.close()
+    return plan
+
+
+def _cached_plan(store, key: str, started: float) -> Plan | None:
+    import json
+
+    from autosp.planner.plan import plan_from_dict
+
+    text = store.get(key)
+    if text is None:
+        return None
+    try:
+        plan = plan_from_dict(json.loads(text))
+    except (ValueError, UsageError):
+        store.delete(key)  # unreadable row: a miss, and gone
+        return None
+    search = dict(plan.search, cache="hit", cache_location=store.location,
+                  wall_time_s=round(time.perf_counter() - started, 4))
+    return replace(plan, search=search)
+
+
+def _padding(seq_len: int, sp: int) -> tuple[int, float]:
+    from autosp.planner.space import padding
+
+    return padding(seq_len, sp)
+
+
+# -- runner-ups -----------------------------------------------------------------------------------
+
+def _group(cand: Candidate) -> tuple:
+    return (cand.sp, cand.zero_stage, cand.checkpointing)
+
+
+def _differences(cand: Candidate, best: Candidate) -> str:
+    names = {"sp": "sp", "zero_stage": "ZeRO", "micro_batch": "micro-batch", "grad_accum": "grad-accum",
+             "checkpointing": "ckpt", "mlp_chunks": "mlp chunks", "loss_chunks": "loss chunks",
+             "offload_activations": "offload", "overlap": "overlap"}
+    out = []
+    for field, label in names.items():
+        a, b = getattr(cand, field), getattr(best, field)
+        if a != b:
+            if isinstance(a, bool):
+                a, b = ("on" if a else "off"), ("on" if b else "off")
+            out.append(f"{label} {a} vs {b}")
+    return ", ".join(out)
+
+
+def _slower_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Estimate) -> str:
+    """Which component of the step makes ``cand`` slower than ``best``, per token trained."""
+    def per_token(e: Estimate) -> dict:
+        tokens = e.tokens_per_second * e.time.step
+        if tokens <= 0:
+            return {}
+        t = e.time
+        return {"compute": (t.compute - t.recompute) / tokens, "recompute": t.recompute / tokens,
+                "exposed communication": t.exposed_comm / tokens, "activation offload": t.offload / tokens}
+
+    a, b = per_token(est), per_token(best_est)
+    if not a or not b:
+        return "slower"
+    deltas = {k: a[k] - b[k] for k in a}
+    worst = max(deltas, key=deltas.get)
+    if deltas[worst] <= 0:
+        return "slower overall"
+    best_tokens = best_est.tokens_per_second * best_est.time.step
+    return f"more {worst} (+{format_seconds(deltas[worst] * best_tokens)} per step)"
+
+
+def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Estimate, seq_len: int,
+                 max_ctx: int | None = None) -> str:
+    diff = _differences(cand, best)
+    if not est.fits:
+        text = (f"does not fit: needs {format_gib(est.memory.total)} > {format_gib(est.capacity_bytes)} "
+                f"per GPU at {format_tokens(seq_len)} tokens")
+        if est.tokens_per_second > best_est.tokens_per_second:
+            pct = 100 * (est.tokens_per_second / best_est.tokens_per_second - 1)
+            text = f"would be {pct:.1f}% faster but " + text
+        if max_ctx:
+            text += f" (its longest context: {format_tokens(max_ctx)})"
+        return f"{text} [{diff}]"
+    ratio = est.tokens_per_second / best_est.tokens_per_second
+    if ratio >= 0.9995:
+        return f"same predicted speed; the winner is simpler or leaner [{diff}]"
+    return f"{100 * (1 - ratio):.1f}% slower: {_slower_because(cand, est, best, best_est)} [{diff}]"
+
+
+def explain_runner_ups(result, evaluator, objective: str, top_k: int) -> list[RunnerUp]:
+    """Up to ``top_k`` alternatives that teach something: the fastest candidate that does not fit (if it
+    beats the winner), then the best of each other (sp, ZeRO stage, checkpointing) family."""
+    if top_k <= 0 or not result.ranked:
+        return []
+    best, best_est = result.ranked[0]
+    chosen: list[tuple[Candidate, Estimate]] = []
+    if objective == "throughput":
+        too_big = [(c, e) for c, e in result.ranked if not e.fits]
+        if too_big:
+            fastest = max(too_big, key=lambda item: item[1].tokens_per_second)
+            if fastest[1].tokens_per_second > best_est.tokens_per_second:
+                chosen.append(fastest)
+    groups = {_group(best)} | {_group(c) for c, _ in chosen}
+    for cand, est in result.ranked[1:]:
+        if len(chosen) >= top_k:
+            break
+        if _group(cand) in groups:
+            continue
+        groups.add(_group(cand))
+        chosen.append((cand, est))
+    out = []
+    for cand, est in chosen[:top_k]:
+        max_ctx = None
+        if objective == "max-ctx" and not est.fits:
+            knobs = {k: getattr(cand, k) for k in evaluator.space.KNOBS}
+            max_ctx = evaluator.max_context(evaluator.space.make(**dict(knobs, micro_batch=1)))
+        out.append(RunnerUp(cand, est, lost_because(cand, est, best, best_est, result.seq_len, max_ctx)))
+    return out
+
+
+# -- infeasible requests --------------------------------------------------------------------------
+
+def _leanest(space, seq_len: int):
+    """(candidate, estimate) with the least memory among the memory-lean corner of the space."""
+    from autosp.planner.evaluator import Evaluator
+
+    workload = replace(space.workload, seq_len=seq_len)
+    target = space.with_workload(workload)
+    evaluator = Evaluator(target)
+    best = None
+    for sp in target.sp:
+        per = target.per_sp_choices(sp)
+        if per is None or not per["micro_batch"]:
+            continue
+        for ckpt in ("full", "sequence"):
+            for offload in (True, False):
+                cand = target.make(sp=sp, zero_stage=max(per["zero_stage"]), micro_batch=min(per["micro_batch"]),
+                                   checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
+                                   loss_chunks=max(per["loss_chunks"] or (1,)), offload_activations=offload,
+                                   overlap="none")
+                if target.reason(cand):
+                    continue
+                est = evaluator(cand)
+                if best is None or est.memory.total < best[1].memory.total:
+                    best = (cand, est)
+    return best
+
+
+MAX_SCALE_NODES = 4096
+
+
+def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
+    """Scale the cluster by powers of two (same nodes, more of them) until the leanest plan fits.
+
+    Returns (nodes, cross_node_sp, None) for the smallest size that fits, or (None, None, leanest at
+    the largest size tried) when none does."""
+    from autosp.planner.space import build_space
+
+    hw = space.hardware
+    last = None
+    for cross in ((False, True) if not allow_cross_node_sp else (True,)):
+        factor = 2
+        while hw.nodes * factor <= MAX_SCALE_NODES:
+            bigger = replace(hw, nodes=hw.nodes * factor)
+            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross)
+            lean = _leanest(sub, seq_len)
+            if lean is not None and lean[1].fits:
+                return bigger.nodes, cross, None
+            if lean is not None:
+                last = (bigger, lean)
+            factor *= 2
+    return None, None, last
+
+
+def _more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
+    nodes, cross, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
+    hw = space.hardware
+    if nodes is None:
+        if last is None:
+            return "more GPUs of this kind would not help"
+        bigger, (cand, est) = last
+        return (f"more GPUs would not help: even on {bigger.world_size:,} of them the leanest plan "
+                f"({cand.short()}) needs {format_gib(est.memory.total)} per GPU")
+    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
+    return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
+
+
+def _infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:
+    seq_len = space.workload.seq_len
+    if objective == "max-ctx":
+        from autosp.planner.evaluator import CTX_GRANULE
+
+        seq_len = CTX_GRANULE
+    lean = _leanest(space, seq_len)
+    hw = space.hardware
+    where = f"{hw.nodes}x{hw.devices_per_node} {hw.accelerator.name}" if hw.nodes > 1 else \
+        f"{hw.devices_per_node}x {hw.accelerator.name}"
+    if lean is None:
+        return f"no valid candidate for {space.model.name} on {where}"
+    cand, est = lean
+    what = (f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: the leanest plan "
+            f"({cand.short()}) needs {format_gib(est.memory.total)} per GPU, "
+            f"{format_gib(est.capacity_bytes)} usable")
+    return f"no plan fits {what}; {_more_gpus_hint(space, seq_len, allow_cross_node_sp)}"

@@ -1,0 +1,190 @@
+"""``autosp-plan``: search the best sequence-parallel training plan and explain it.
+
+Imports stay light at start-up (no torch, no deepspeed, no numpy/optuna until a search runs), so a
+cold run takes about a second and a cached one a fraction of that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+
+from autosp.errors import EXIT_CODES, UsageError
+
+DESCRIPTION = """\
+Pick the best way to train a model at a context length on a cluster: Ulysses sequence-parallel degree,
+ZeRO stage, micro-batch and gradient accumulation, activation checkpointing, MLP and logits+loss
+tiling, activation offload and all-to-all overlap. The choice comes from an analytic cost model
+(per-GPU memory against capacity, step time) searched with Optuna (or exhaustively).
+"""
+
+EXAMPLES = """\
+examples:
+  autosp-plan --model llama --ctx 200k --hw h100x8
+  autosp-plan --model llama-3.1-70b --ctx 1M --hw h100x8 --nodes 4 --allow-cross-node-sp
+  autosp-plan --model llama-3.1-8b --objective max-ctx --hw h100x8
+  autosp-plan --model path/to/config.json --ctx 128Ki --hw cluster.toml --global-batch 64 \\
+              --plan-out plan.json --ds-config ds_config.json
+  autosp-plan --model llama --ctx 200k --hw h100x8 --json > plan.json
+
+context lengths (--ctx):
+  an integer, optionally with _ separators, or a number with a suffix:
+  k = 1,000 and m = 1,000,000 (decimal: 200k = 200,000; 1.5M = 1,500,000);
+  Ki = 1,024 and Mi = 1,048,576 (binary: 128Ki = 131,072). Suffixes are case-insensitive.
+  With --objective max-ctx, --ctx is optional: the planner finds the longest context that fits
+  (in steps of 1,024 tokens); if --ctx is given, it is the least context you accept.
+
+plan cache:
+  identical requests are answered from $AUTOSP_CACHE, else $XDG_CACHE_HOME/autosp/plans.sqlite,
+  else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it).
+
+batch sizes:
+  without --global-batch each data-parallel replica trains micro-batch sequences per step
+  (grad accum 1). The DeepSpeed config (--ds-config) counts train_batch_size over all dp*sp ranks
+  (sp shards per sequence); its "autosp" section states the sequences and tokens per step.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors become one-line UsageErrors and the help shows the hardware grammar."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+    def format_help(self):
+        text = super().format_help()
+        try:
+            from autosp.planner.hardware import describe_grammar
+
+            grammar = describe_grammar().rstrip()
+        except Exception as err:  # noqa: BLE001 - help must always print
+            grammar = f"(hardware catalog unavailable: {err})"
+        codes = "\n".join(f"  {code}  {meaning}" for code, meaning in sorted(EXIT_CODES.items()))
+        indented = "\n".join(textwrap.fill(line, width=98, initial_indent="  ", subsequent_indent="  ")
+                             for line in grammar.splitlines())
+        return f"{text}\nhardware (--hw):\n{indented}\n\nexit codes:\n{codes}\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="autosp-plan", description=DESCRIPTION, epilog=EXAMPLES,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_argument_group("what to train, where")
+    what.add_argument("--model", metavar="M", help="preset name (see --list-models; 'llama' = Llama-3.1-8B) "
+                                                   "or a Hugging Face config.json on disk")
+    what.add_argument("--ctx", metavar="C", help="tokens per sequence, e.g. 200k, 1.5M, 128Ki (see below)")
+    what.add_argument("--hw", metavar="H", help="cluster: catalog name such as h100x8 (see --list-hardware "
+                                                "and the grammar below) or a cluster .toml file")
+    what.add_argument("--nodes", metavar="K", help="number of nodes (overrides the --hw node count)")
+    what.add_argument("--global-batch", metavar="N",
+                      help="sequences per optimizer step (default: one micro-batch per data-parallel replica)")
+    what.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="training precision (default bf16)")
+
+    how = p.add_argument_group("search")
+    how.add_argument("--objective", default="throughput", choices=("throughput", "max-ctx"),
+                     help="throughput: most tokens/s at --ctx (default); max-ctx: the longest context that fits")
+    how.add_argument("--search", default="optuna", choices=("optuna", "exhaustive"),
+                     help="optuna (default): TPE with memory as a constraint; exhaustive: score every candidate")
+    how.add_argument("--trials", metavar="N", help="Optuna trials (default 100)")
+    how.add_argument("--seed", metavar="S", type=int, default=0, help="Optuna seed (default 0)")
+    how.add_argument("--allow-cross-node-sp", action="store_true",
+                     help="let an SP group span nodes (its all-to-alls then use the inter-node links)")
+    cache = how.add_mutually_exclusive_group()
+    cache.add_argument("--cache", metavar="PATH", help="plan cache file (default: see 'plan cache' below)")
+    cache.add_argument("--no-cache", action="store_true", help="neither read nor write the plan cache")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the plan JSON (docs/plan-schema.md) and nothing else")
+    out.add_argument("--plan-out", metavar="PATH", help="write the plan JSON to PATH (autosp.compile reads it)")
+    out.add_argument("--ds-config", metavar="PATH", help="write the DeepSpeed config JSON to PATH")
+    out.add_argument("--list-models", action="store_true", help="list the model presets and exit")
+    out.add_argument("--list-hardware", action="store_true", help="list the hardware catalog and exit")
+    return p
+
+
+def _check_output_path(path: str, flag: str) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    probe = parent
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {probe}")
+
+
+def _model_rows(models) -> list[str]:
+    rows = [f"{'name':<18}{'params':>8}  {'layers':>6} {'hidden':>7} {'heads/kv':>9} {'ffn':>7} {'vocab':>7}  source"]
+    for m in models:
+        rows.append(f"{m.name:<18}{m.n_params() / 1e9:>7.2f}B  {m.n_layers:>6} {m.hidden:>7} "
+                    f"{f'{m.n_heads}/{m.n_kv_heads}':>9} {m.ffn_hidden:>7} {m.vocab:>7}  {m.source}")
+    rows.append("'llama' is Llama-3.1-8B; --model also takes a Hugging Face config.json path.")
+    return rows
+
+
+def _hardware_rows(specs) -> list[str]:
+    rows = [f"{'name':<12}{'accelerator':<14}{'per node':>9} {'memory':>9} {'bf16 TFLOP/s':>13} "
+            f"{'intra GB/s':>11} {'inter GB/s':>11}"]
+    for h in specs:
+        a = h.accelerator
+        rows.append(f"{h.name:<12}{a.name:<14}{h.devices_per_node:>9} {a.memory_bytes / 2**30:>6.0f} GiB "
+                    f"{a.peak_flops / 1e12:>13,.0f} {h.intra_node_bandwidth / 1e9:>11,.0f} "
+                    f"{h.inter_node_bandwidth / 1e9:>11,.0f}")
+    rows.append("Bandwidths are per GPU, one direction. NAMExN = N devices (h100x8 = one node of 8, h100x32 = 4 "
+                "nodes); see --help for the grammar.")
+    return rows
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_models or args.list_hardware:
+        if args.list_models:
+            from autosp.planner.models import list_models
+
+            print("\n".join(_model_rows(list_models())))
+        if args.list_hardware:
+            from autosp.planner.hardware import list_hardware
+
+            print("\n".join(_hardware_rows(list_hardware())))
+        return 0
+    missing = [flag for flag, value in (("--model", args.model), ("--hw", args.hw)) if not value]
+    if args.ctx is None and args.objective != "max-ctx":
+        missing.insert(1, "--ctx")
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)} (try: autosp-plan --model llama --ctx 200k --hw h100x8)")
+    for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
+        if path:
+            _check_output_path(path, flag)
+
+    from autosp.planner.api import make_plan
+
+    plan = make_plan(args.model, args.ctx, args.hw, nodes=args.nodes, objective=args.objective,
+                     global_batch=args.global_batch, dtype=args.dtype, search=args.search, trials=args.trials,
+                     seed=args.seed, cache=None if args.no_cache else (args.cache or True),
+                     allow_cross_node_sp=args.allow_cross_node_sp)
+
+    from autosp.planner.plan import save_plan, write_text_atomically
+
+    written = []
+    if args.plan_out:
+        save_plan(plan, args.plan_out)
+        written.append(args.plan_out)
+    if args.ds_config:
+        from autosp.planner.ds_config import deepspeed_config_json
+
+        write_text_atomically(args.ds_config, deepspeed_config_json(plan))
+        written.append(args.ds_config)
+    if args.json:
+        sys.stdout.write(plan.to_json())
+    else:
+        from autosp.planner.report import render
+
+        sys.stdout.write(render(plan, tuple(written), getattr(sys.stdout, "encoding", None)))
+    return 0
+
+
+if __name__ == "__main__":
+    from autosp.cli import plan_main
+
+    sys.exit(plan_main(sys.argv[1:]))

@@ -1,0 +1,123 @@
+"""The human-readable plan report ``autosp-plan`` prints (``--json`` prints the plan JSON instead)."""
+
+from __future__ import annotations
+
+from autosp.planner.units import GIB, format_gib, format_seconds, format_tokens
+
+BAR_WIDTH = 24
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _unicode_ok(encoding: str | None) -> bool:
+    try:
+        "█▏·×→".encode(encoding or "ascii")
+        return True
+    except (UnicodeEncodeError, LookupError):
+        return False
+
+
+def bar(fraction: float, width: int = BAR_WIDTH, unicode: bool = True) -> str:
+    """A horizontal bar for 0..1 (over 1 is drawn full and marked with '!')."""
+    over = fraction > 1
+    fraction = min(max(fraction, 0.0), 1.0)
+    if not unicode:
+        filled = round(fraction * width)
+        return "#" * filled + "." * (width - filled) + ("!" if over else "")
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    text = "█" * full + (_EIGHTHS[part] if part else "")
+    return text + " " * (width - len(text)) + ("!" if over else "")
+
+
+def _hw_line(hw) -> str:
+    acc = hw.accelerator
+    if hw.nodes > 1:
+        return f"{hw.name} ({hw.nodes} nodes x {hw.devices_per_node} {acc.name})"
+    return f"{hw.name} ({hw.devices_per_node} x {acc.name})"
+
+
+def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
+    uni = _unicode_ok(encoding)
+    dot = " · " if uni else " | "
+    times = "×" if uni else "x"
+    c, e, w, hw, m = plan.candidate, plan.estimate, plan.workload, plan.hardware, plan.model
+    lines = []
+    head = (f"autosp plan: {m.name} at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) on {_hw_line(hw)}"
+            f"{dot}{w.dtype}{dot}objective {plan.objective}")
+    lines.append(head)
+    if plan.objective == "max-ctx":
+        lines.append(f"  longest trainable context: {w.seq_len:,} tokens (searched in steps of "
+                     f"{plan.search.get('max_ctx_granule', 1024):,})")
+    lines.append("")
+
+    sequences = c.micro_batch * c.grad_accum * c.dp
+    lines.append("Plan")
+    rows = [
+        ("sequence parallel (Ulysses)", f"sp = {c.sp}   (dp = {c.dp}, {c.sp * c.dp} GPUs)"),
+        ("ZeRO stage", str(c.zero_stage)),
+        (f"micro-batch {times} grad accum", f"{c.micro_batch} {times} {c.grad_accum}   ({sequences} sequence"
+                                           f"{'s' if sequences != 1 else ''}, {sequences * w.seq_len:,} tokens per step)"),
+        ("activation checkpointing", c.checkpointing),
+        ("MLP tiling", f"{c.mlp_chunks} chunk{'s' if c.mlp_chunks != 1 else ''}"),
+        ("logits+loss tiling", f"{c.loss_chunks} chunk{'s' if c.loss_chunks != 1 else ''}"),
+        ("activation offload", "on (checkpointed tensors to host memory)" if c.offload_activations else "off"),
+        ("all-to-all overlap", c.overlap),
+    ]
+    for label, value in rows:
+        lines.append(f"  {label:<30}{value}")
+    pad = plan.search.get("padding_tokens", 0)
+    if pad:
+        lines.append(f"  {'padding':<30}{pad:,} tokens ({100 * plan.search.get('padding_fraction', 0):.3f}%) to a "
+                     f"multiple of sp")
+    lines.append("")
+
+    cap = e.capacity_bytes
+    mem = e.memory
+    lines.append(f"Memory per GPU (usable {format_gib(cap)} of {format_gib(hw.accelerator.memory_bytes)})")
+    parts = [("parameters", mem.parameters), ("gradients", mem.gradients), ("optimizer states", mem.optimizer_states),
+             ("activations", mem.activations), ("logits + loss", mem.logits_loss), ("comm buffers", mem.comm_buffers),
+             ("allocator reserve", mem.reserve)]
+    for label, value in parts + [("total", mem.total)]:
+        frac = value / cap if cap else 0.0
+        if label == "total":
+            lines.append("  " + "-" * (30 + 10 + 8 + BAR_WIDTH))
+        lines.append(f"  {label:<20}{value / GIB:>9,.2f} GiB {100 * frac:>6.1f}%  {bar(frac, unicode=uni)}")
+    lines.append(f"  {'headroom':<20}{(cap - mem.total) / GIB:>9,.2f} GiB")
+    lines.append("")
+
+    t = e.time
+    lines.append("Prediction")
+    lines.append(f"  {'step time':<20}{format_seconds(t.step)}   (compute {format_seconds(t.compute)}, of which "
+                 f"recompute {format_seconds(t.recompute)}{dot}exposed comm {format_seconds(t.exposed_comm)}"
+                 f"{dot}offload {format_seconds(t.offload)})")
+    lines.append(f"  {'communication':<20}all-to-all {format_seconds(t.attention_comm)}{dot}ZeRO "
+                 f"{format_seconds(t.zero_comm)} (before overlap)")
+    per_gpu = e.tokens_per_second / max(1, c.sp * c.dp)
+    lines.append(f"  {'throughput':<20}{e.tokens_per_second:,.0f} tokens/s ({per_gpu:,.0f} per GPU)")
+    lines.append(f"  {'MFU':<20}{100 * e.mfu:.1f}%")
+    for note in e.notes:
+        lines.append(f"  note: {note}")
+    lines.append("")
+
+    if plan.runner_ups:
+        lines.append("Runner-ups (why they lost)")
+        for i, r in enumerate(plan.runner_ups, 1):
+            lines.append(f"  {i}. {r.candidate.short()}")
+            lines.append(f"     {r.lost_because}")
+        lines.append("")
+
+    s = plan.search
+    cache = s.get("cache", "off")
+    if cache == "hit":
+        where = f"cached plan (from {s.get('cache_location', 'the plan cache')}; searched in " \
+                f"{format_seconds(s.get('search_wall_time_s', 0.0))} when first asked)"
+    else:
+        trials = f"{s['trials']} trials, " if s.get("trials") else ""
+        where = (f"{s.get('sampler', s.get('strategy', '?'))}: {trials}{s.get('evaluations', 0):,} cost-model "
+                 f"evaluations, space of {s.get('space_size', 0):,} candidates (space {s.get('space_version', '?')})"
+                 f"; cache {cache}")
+    lines.append(f"Search   {where}")
+    lines.append(f"Wall     {format_seconds(s.get('wall_time_s', 0.0))}{' (cached)' if cache == 'hit' else ''}")
+    if written:
+        lines.append(f"Wrote    {', '.join(written)}")
+    return "\n".join(lines) + "\n"

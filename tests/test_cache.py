@@ -1,0 +1,152 @@
+import multiprocessing
+import sqlite3
+
+import pytest
+
+from autosp.planner import cache as cache_mod
+from autosp.planner.cache import SQLitePlanStore, default_cache_path, open_store, request_key
+
+REQUEST = {"model": "abc", "hardware": "def", "workload": {"seq_len": 200000}, "objective": "throughput"}
+
+
+def test_default_location_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("AUTOSP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_path() == tmp_path / "xdg" / "autosp" / "plans.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_path() == tmp_path / "home" / ".cache" / "autosp" / "plans.sqlite"
+    monkeypatch.setenv("AUTOSP_CACHE", str(tmp_path / "x.sqlite"))
+    assert default_cache_path() == tmp_path / "x.sqlite"
+
+
+def test_hit_and_miss_on_a_changed_key(tmp_path):
+    store = open_store(tmp_path / "c" / "plans.sqlite")
+    key = request_key(REQUEST)
+    assert store.get(key) is None
+    store.put(key, '{"plan": 1}', REQUEST)
+    assert store.get(key) == '{"plan": 1}'
+    for field, value in (("workload", {"seq_len": 200001}), ("objective", "max-ctx"), ("hardware", "deg")):
+        changed = dict(REQUEST, **{field: value})
+        assert request_key(changed) != key
+        assert store.get(request_key(changed)) is None
+    store.close()
+    again = open_store(tmp_path / "c" / "plans.sqlite")  # persisted
+    assert again.get(key) == '{"plan": 1}'
+    again.delete(key)
+    assert again.get(key) is None
+
+
+def test_key_mixes_in_version_and_source(monkeypatch):
+    key = request_key(REQUEST)
+    assert key == request_key(dict(reversed(list(REQUEST.items()))))  # order-independent
+    monkeypatch.setattr(cache_mod, "_source_hash", lambda: "different-code")
+    assert request_key(REQUEST) != key
+
+
+def _corrupt_files(directory):
+    return sorted(p.name for p in directory.iterdir() if ".corrupt-" in p.name)
+
+
+def test_not_a_database_is_moved_aside_and_rebuilt(tmp_path, capsys):
+    path = tmp_path / "plans.sqlite"
+    path.write_bytes(b"this is not a sqlite database, just some bytes" * 100)
+    cache_mod._warned.clear()
+    store = SQLitePlanStore(path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "moved it to plans.sqlite.corrupt-" in err
+    assert len(_corrupt_files(tmp_path)) == 1
+    key = request_key(REQUEST)
+    store.put(key, "{}", REQUEST)
+    assert store.get(key) == "{}"
+
+
+def test_foreign_schema_is_moved_aside(tmp_path, capsys):
+    path = tmp_path / "plans.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE plans (key TEXT, something_else BLOB)")
+    conn.commit()
+    conn.close()
+    cache_mod._warned.clear()
+    store = SQLitePlanStore(path)
+    assert "unexpected" in capsys.readouterr().err
+    assert len(_corrupt_files(tmp_path)) == 1
+    assert store.get("k") is None
+    store.put("k", "{}", {})
+    assert store.get("k") == "{}"
+
+
+def test_unusable_location_disables_the_cache_without_failing(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cache_mod._warned.clear()
+    store = SQLitePlanStore(blocker / "sub" / "plans.sqlite")  # parent is a file
+    assert store.disabled
+    assert store.get("k") is None
+    store.put("k", "{}", {})  # silently nothing
+    assert "planning without a cache" in capsys.readouterr().err
+
+
+def test_urls_other_than_sqlite_are_a_usage_error(tmp_path):
+    from autosp.errors import UsageError
+
+    with pytest.raises(UsageError):
+        open_store("postgresql://db/plans")
+    assert isinstance(open_store(f"sqlite:///{tmp_path}/p.sqlite"), SQLitePlanStore)
+
+
+def _writer(path, worker, n, barrier):
+    store = SQLitePlanStore(path)
+    barrier.wait()
+    for i in range(n):
+        store.put(f"w{worker}-{i}", f'{{"worker": {worker}, "i": {i}}}', {"i": i})
+        store.put("shared", f'{{"worker": {worker}}}', {})
+    store.close()
+
+
+@pytest.mark.slow
+def test_two_processes_writing_at_once(tmp_path):
+    path = str(tmp_path / "plans.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_writer, args=(path, w, 40, barrier)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    store = SQLitePlanStore(path)
+    assert store.count() == 81
+    for w in range(2):
+        for i in range(40):
+            assert store.get(f"w{w}-{i}") == f'{{"worker": {w}, "i": {i}}}'
+    assert store.get("shared") in ('{"worker": 0}', '{"worker": 1}')
+    assert not _corrupt_files(tmp_path)
+
+
+def test_make_plan_uses_the_cache(tmp_path):
+    from autosp.planner.api import make_plan
+
+    path = tmp_path / "plans.sqlite"
+    args = dict(trials=20, seed=0, cache=str(path))
+    first = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+    assert first.search["cache"] == "miss"
+    second = make_plan("llama-3.2-1b", "8000", "h100x2", **args)
+    assert second.search["cache"] == "hit"
+    assert second.candidate == first.candidate and second.estimate == first.estimate
+    assert second.runner_ups == first.runner_ups and second.created_at == first.created_at
+    # anything that changes the answer is a miss
+    for changed in (dict(args, seed=1), dict(args, trials=21)):
+        assert make_plan("llama-3.2-1b", "8k", "h100x2", **changed).search["cache"] == "miss"
+    assert make_plan("llama-3.2-1b", "9k", "h100x2", **args).search["cache"] == "miss"
+    assert make_plan("llama-3.2-1b", "8k", "h100x2", global_batch=4, **args).search["cache"] == "miss"
+    assert make_plan("llama-3.2-1b", "8k", "h100x2", dtype="fp32", **args).search["cache"] == "miss"
+    # an unreadable row is dropped and recomputed, never returned
+    store = SQLitePlanStore(path)
+    keys = [row[0] for row in store._conn.execute("SELECT key FROM plans")]
+    for key in keys:
+        store.put(key, '{"schema_version": 1, "model": {}}', {})
+    store.close()
+    again = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+    assert again.search["cache"] == "miss" and again.candidate == first.candidate
+    assert make_plan("llama-3.2-1b", "8k", "h100x2", **args).search["cache"] == "hit"

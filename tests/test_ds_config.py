@@ -1,0 +1,116 @@
+"""The DeepSpeed config autosp writes is accepted by DeepSpeed's own parser (DeepSpeedConfig), with the
+batch semantics documented in planner/ds_config.py: DeepSpeed's world is all dp x sp ranks."""
+
+import json
+import os
+import socket
+from dataclasses import replace
+
+import pytest
+
+from autosp.cost_models.deepspeed_buffers import zero_config_fields
+from autosp.planner.api import make_plan
+from autosp.planner.ds_config import deepspeed_config, deepspeed_config_json
+
+
+@pytest.fixture(scope="module")
+def one_gpu_plan():
+    return make_plan("llama-3.2-1b", "8k", "h100", search="exhaustive")
+
+
+def _variants(plan):
+    for zero in (0, 1, 2, 3):
+        for dtype in ("bf16", "fp32"):
+            for micro, accum in ((1, 1), (2, 4)):
+                cand = replace(plan.candidate, zero_stage=zero, micro_batch=micro, grad_accum=accum)
+                yield replace(plan, candidate=cand, workload=replace(plan.workload, dtype=dtype))
+
+
+def test_deepspeed_parser_accepts_every_stage_and_dtype(one_gpu_plan):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for plan in _variants(one_gpu_plan):
+        cfg = json.loads(deepspeed_config_json(plan))
+        parsed = DeepSpeedConfig(cfg)  # no process group: DeepSpeed's world is 1, like this plan's
+        c = plan.candidate
+        assert parsed.world_size == 1
+        assert parsed.train_micro_batch_size_per_gpu == c.micro_batch
+        assert parsed.gradient_accumulation_steps == c.grad_accum
+        assert parsed.train_batch_size == c.micro_batch * c.grad_accum
+        assert parsed.zero_optimization_stage == c.zero_stage
+        assert parsed.bfloat16_config.enabled == (plan.workload.dtype == "bf16")
+        assert parsed.gradient_clipping == 1.0
+        fields = zero_config_fields(c.zero_stage)
+        if "reduce_bucket_size" in fields:
+            assert parsed.zero_config.reduce_bucket_size == fields["reduce_bucket_size"]
+        if c.zero_stage == 3:
+            assert parsed.zero_config.prefetch_bucket_size == fields["stage3_prefetch_bucket_size"]
+            assert parsed.zero_config.param_persistence_threshold == fields["stage3_param_persistence_threshold"]
+        assert cfg["autosp"]["sp"] == c.sp and cfg["autosp"]["checkpointing"] == c.checkpointing
+
+
+def test_batch_sizes_count_every_rank():
+    plan = make_plan("llama-3.1-8b", "64k", "h100x8", global_batch=16, search="exhaustive")
+    cfg = deepspeed_config(plan)
+    c = plan.candidate
+    assert c.dp * c.micro_batch * c.grad_accum == 16
+    assert cfg["train_batch_size"] == c.micro_batch * c.grad_accum * c.dp * c.sp
+    assert cfg["autosp"]["sequences_per_step"] == 16
+    assert cfg["autosp"]["tokens_per_step"] == 16 * 64_000
+    assert "sequence_parallel_size" not in cfg  # it would make DeepSpeed divide its world by sp
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parse_on_rank(rank, world, port, configs, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    results = []
+    for cfg in configs:
+        try:
+            parsed = DeepSpeedConfig(cfg)
+            results.append({"ok": True, "world": parsed.world_size, "tbs": parsed.train_batch_size})
+        except Exception as err:  # noqa: BLE001 - reported to the test
+            results.append({"ok": False, "error": f"{type(err).__name__}: {err}"})
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    deepspeed.comm.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_deepspeed_accepts_the_config_on_dp_times_sp_processes(tmp_path):
+    """Launched like autosp launches it (one process per GPU, gloo here), DeepSpeed sees world = dp*sp and
+    accepts train_batch_size; the sequence-count alternative (micro*ga*dp) is rejected, which is why the
+    config counts shards."""
+    import torch.multiprocessing as mp
+
+    base = make_plan("llama-3.2-1b", "16k", "h100x2", global_batch=8, search="exhaustive")
+    shapes = [dict(sp=2, dp=1, micro_batch=1, grad_accum=8, zero_stage=3),
+              dict(sp=1, dp=2, micro_batch=2, grad_accum=2, zero_stage=2),
+              dict(sp=2, dp=1, micro_batch=4, grad_accum=2, zero_stage=0)]
+    configs, expect = [], []
+    for shape in shapes:
+        cfg = deepspeed_config(replace(base, candidate=replace(base.candidate, **shape)))
+        configs.append(cfg)
+        expect.append((True, shape["micro_batch"] * shape["grad_accum"] * 2))
+    sp2 = configs[0]
+    wrong = dict(sp2, train_batch_size=sp2["autosp"]["sequences_per_step"])  # counting sequences, not shards
+    configs.append(wrong)
+    expect.append((False, None))
+    mp.spawn(_parse_on_rank, args=(2, _free_port(), configs, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        results = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for (ok, tbs), got in zip(expect, results):
+            assert got["ok"] == ok, got
+            if ok:
+                assert got["world"] == 2 and got["tbs"] == tbs
+            else:
+                assert "train_batch_size" in got["error"] or "Train batch" in got["error"]

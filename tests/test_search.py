@@ -1,0 +1,70 @@
+"""The Optuna search finds the exhaustive optimum (within 1%) with a fraction of the cost-model calls."""
+
+import pytest
+
+from autosp.cost_models.specs import Workload
+from autosp.planner.evaluator import CTX_GRANULE, Evaluator, rank_key
+from autosp.planner.exhaustive import exhaustive_max_ctx, exhaustive_throughput
+from autosp.planner.hardware import resolve_hardware
+from autosp.planner.models import resolve_model
+from autosp.planner.search import optuna_max_ctx, optuna_throughput
+from autosp.planner.space import build_space
+
+CASES = [  # (model, ctx, hardware, global batch, seed)
+    ("llama-3.1-8b", 200_000, "h100x8", None, 0),
+    ("llama-3.2-1b", 32_000, "a100-80gx8", None, 1),
+    ("qwen2.5-7b", 500_000, "h200x8", None, 2),
+    ("llama-3.1-8b", 16_000, "h100x16", 64, 3),
+]
+
+
+def _space(model, ctx, hw, gb=None):
+    return build_space(resolve_model(model), resolve_hardware(hw), Workload(ctx, global_batch=gb))
+
+
+@pytest.mark.parametrize("model,ctx,hw,gb,seed", CASES)
+def test_optuna_reaches_the_exhaustive_optimum(model, ctx, hw, gb, seed):
+    space = _space(model, ctx, hw, gb)
+    full = exhaustive_throughput(space, Evaluator(space))
+    assert full.evaluations == space.size()
+    best_cand, best = full.best
+    # the exhaustive ranking really is a maximum over the space
+    assert all(rank_key(best_cand, best) <= rank_key(c, e) for c, e in full.ranked)
+    found = optuna_throughput(space, Evaluator(space), seed=seed)
+    assert found.best is not None
+    ratio = found.best[1].tokens_per_second / best.tokens_per_second
+    assert ratio >= 0.99, (ratio, found.best[0].short(), best_cand.short())
+    assert found.evaluations <= 0.15 * full.evaluations, (found.evaluations, full.evaluations)
+
+
+def test_optuna_is_deterministic_for_a_seed():
+    space = _space("llama-3.1-8b", 131_072, "h100x8")
+    a = optuna_throughput(space, Evaluator(space), trials=40, seed=3)
+    b = optuna_throughput(space, Evaluator(space), trials=40, seed=3)
+    assert a.best[0] == b.best[0] and a.evaluations == b.evaluations and a.trials == b.trials
+    assert [c for c, _ in a.ranked] == [c for c, _ in b.ranked]
+
+
+def test_max_ctx_optuna_matches_exhaustive():
+    space = _space("llama-3.2-3b", CTX_GRANULE, "h100x4")
+    full_eval = Evaluator(space)
+    full = exhaustive_max_ctx(space, full_eval)
+    found = optuna_max_ctx(space, Evaluator(space), trials=60, seed=0)
+    assert full.seq_len > 0 and full.seq_len % CTX_GRANULE == 0
+    assert found.seq_len >= 0.99 * full.seq_len
+    # the winner fits at its context and no candidate fits one granule more
+    cand, est = full.best
+    assert est.fits
+    assert not any(full_eval.fits(c, full.seq_len + CTX_GRANULE) for c in full_eval.max_ctx_memo)
+
+
+def test_max_context_is_the_boundary_of_fitting():
+    space = _space("llama-3.1-8b", CTX_GRANULE, "h100x8")
+    ev = Evaluator(space)
+    cand = space.make(sp=8, zero_stage=3, micro_batch=1, checkpointing="full", mlp_chunks=8, loss_chunks=16,
+                      offload_activations=False, overlap="none")
+    ctx = ev.max_context(cand)
+    assert ctx > 0 and ev.fits(cand, ctx) and not ev.fits(cand, ctx + CTX_GRANULE)
+    fresh = Evaluator(space)
+    assert fresh.max_context(cand, must_beat=ctx) == 0  # cannot beat the record: dismissed after one call
+    assert fresh.calls == 1

@@ -1,0 +1,122 @@
+import hashlib
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.planner import space as space_mod
+from autosp.planner.space import (SPACE_VERSION, build_space, canonical, invalid_reason, local_tokens, padded_length,
+                                  padding, sp_reason)
+
+# Llama-3.1-8B's shape (32 query heads, 8 KV heads) and a small odd-headed model.
+LLAMA = ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256)
+ODD = ModelSpec("odd", 4, 768, 24, 6, 32, 2048, 32000)
+TWELVE = ModelSpec("twelve", 2, 768, 12, 6, 64, 2048, 32000)
+ACC = AcceleratorSpec("gpu", 1e15, 80 * 2**30, 3e12)
+
+
+def cluster(per_node=8, nodes=1):
+    return HardwareSpec("test", ACC, per_node, nodes, 4e11, 3e-6, 5e10, 1e-5)
+
+
+def test_query_and_kv_head_rules():
+    hw = cluster(per_node=16)
+    assert sp_reason(LLAMA, hw, 8) is None            # 8 KV heads sharded 1 per rank
+    assert sp_reason(LLAMA, hw, 16) is None           # 16 % 8 == 0: each KV head replicated twice
+    assert "query heads" in sp_reason(ODD, cluster(per_node=16), 16)
+    hw12 = cluster(per_node=12)
+    assert "KV heads" in sp_reason(ODD, hw12, 4)      # 6 % 4 and 4 % 6 both nonzero
+    assert sp_reason(ODD, hw12, 6) is None and sp_reason(ODD, hw12, 12) is None and sp_reason(ODD, hw12, 3) is None
+
+
+def test_sp_stays_in_a_node_unless_allowed():
+    hw = cluster(per_node=8, nodes=4)
+    assert "--allow-cross-node-sp" in sp_reason(LLAMA, hw, 16)
+    assert sp_reason(LLAMA, hw, 16, allow_cross_node_sp=True) is None
+    assert "does not divide the world" in sp_reason(LLAMA, hw, 3)
+    assert build_space(LLAMA, hw, Workload(8192)).sp == (1, 2, 4, 8)
+    assert build_space(LLAMA, hw, Workload(8192), allow_cross_node_sp=True).sp == (1, 2, 4, 8, 16, 32)
+
+
+def test_padding_is_valid_and_measured():
+    assert padded_length(200_003, 8) == 200_008 and local_tokens(200_003, 8) == 25_001
+    pad, frac = padding(200_003, 8)
+    assert pad == 5 and frac == pytest.approx(5 / 200_008)
+    hw = cluster()
+    assert invalid_reason(LLAMA, hw, Workload(200_003), Candidate(sp=8)) is None
+
+
+def test_candidate_rules_return_one_line_reasons():
+    hw, wl = cluster(), Workload(64)
+    assert "world size" in invalid_reason(LLAMA, hw, wl, Candidate(sp=4, dp=1))
+    assert "mlp_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, mlp_chunks=16))   # 8 tokens per rank
+    assert "loss_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, loss_chunks=16))
+    assert invalid_reason(LLAMA, hw, wl, Candidate(sp=8, loss_chunks=8)) is None
+    assert "all-to-all" in invalid_reason(LLAMA, hw, wl, Candidate(sp=1, dp=8, overlap="kv_async"))
+    odd_hw = cluster(per_node=12)
+    assert "head_pipeline" in invalid_reason(TWELVE, odd_hw, Workload(4096), Candidate(sp=12, overlap="head_pipeline"))
+    assert invalid_reason(ODD, odd_hw, Workload(4096), Candidate(sp=12, overlap="head_pipeline")) is None
+    assert "needs --global-batch" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, grad_accum=2))
+    gb = Workload(4096, global_batch=6)
+    assert "does not divide by dp" in invalid_reason(LLAMA, hw, gb, Candidate(sp=2, dp=4, grad_accum=1))
+    gb = Workload(4096, global_batch=8)
+    assert invalid_reason(LLAMA, hw, gb, Candidate(sp=2, dp=4, micro_batch=1, grad_accum=2)) is None
+    assert "not the global batch" in invalid_reason(LLAMA, hw, gb, Candidate(sp=2, dp=4, micro_batch=1, grad_accum=1))
+    assert "micro_batch" in invalid_reason(LLAMA, hw, Workload(4096, global_batch=12),
+                                           Candidate(sp=2, dp=4, micro_batch=2, grad_accum=1))
+    for reason in (invalid_reason(LLAMA, hw, wl, Candidate(sp=8, mlp_chunks=16)),
+                   sp_reason(LLAMA, cluster(8, 2), 16)):
+        assert "\n" not in reason
+
+
+@pytest.mark.parametrize("model,hw,wl,cross", [
+    (LLAMA, cluster(), Workload(40), False),                       # tiny sequence: chunk limits bite
+    (ODD, cluster(per_node=12), Workload(1000, global_batch=24), False),
+    (LLAMA, cluster(4, 2), Workload(4096, global_batch=8), True),
+])
+def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
+    space = build_space(model, hw, wl, allow_cross_node_sp=cross)
+    fast = list(space.candidates())
+    assert len(fast) == len(set(fast)) == space.size() > 0
+    brute = set()
+    knobs = space_mod.SearchSpace.KNOBS
+    all_sp = [d for d in range(1, hw.world_size + 1) if hw.world_size % d == 0]
+    choices = dict(space.choices(), sp=tuple(all_sp), micro_batch=space_mod.MICRO_BATCHES)
+    for values in itertools.product(*(choices[k] for k in knobs)):
+        knob = dict(zip(knobs, values))
+        if knob["offload_activations"] and knob["checkpointing"] == "none":
+            continue
+        dp = hw.world_size // knob["sp"]
+        needed = (wl.global_batch or 1) // (dp * knob["micro_batch"]) or 1
+        for ga in {1, 2, needed}:
+            try:
+                cand = Candidate(dp=dp, grad_accum=ga, **knob)
+            except ValueError:
+                continue
+            if invalid_reason(model, hw, wl, cand, cross) is None:
+                brute.add(cand)
+    assert set(fast) == brute
+    assert all(canonical(c) == c for c in fast)
+
+
+def test_neighbours_change_one_knob():
+    space = build_space(LLAMA, cluster(), Workload(131072))
+    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", mlp_chunks=4, loss_chunks=8)
+    neighbours = list(space.neighbours(cand))
+    assert neighbours and cand not in neighbours
+    for other in neighbours:
+        changed = [k for k in space.KNOBS if getattr(other, k) != getattr(cand, k)]
+        assert 1 <= len(changed) <= 2  # offload/overlap may be canonicalised along with the changed knob
+        assert space.reason(other) is None
+
+
+def test_space_version_tracks_the_rules_source():
+    digest = hashlib.sha256(Path(space_mod.__file__).read_bytes()).hexdigest()[:10]
+    assert SPACE_VERSION == f"{space_mod.SPACE_REVISION}-{digest}"
+
+
+def test_canonical_form():
+    assert canonical(Candidate(sp=1, overlap="kv_async")).overlap == "none"
+    assert canonical(replace(Candidate(sp=8), checkpointing="full", offload_activations=True)).offload_activations
