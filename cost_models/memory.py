@@ -80,6 +80,13 @@ def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float,
     """
     nd = cand.sp * cand.dp
     params, grads, optim = zero_state_bytes(sh.n_params, nd, cand.zero_stage, dtype)
+    if cand.offload_optimizer:
+        # ZeRO-Offload (arXiv 2101.06840): master weights and Adam states live on the host; from stage
+        # 2 on, reduced gradient partitions are copied to the host bucket by bucket (the buckets are
+        # counted with the communication buffers), so only stage 1 keeps full gradients on the device.
+        optim = 0.0
+        if cand.zero_stage >= 2:
+            grads = 0.0
     gathered = 0.0
     if cand.zero_stage >= 3 and nd > 1:
         gathered = state_bytes_per_param(dtype)[0] * zero3_gathered_params(sh)
@@ -228,6 +235,14 @@ def reserve_bytes(dynamic: float, world: int) -> float:
     return CUDA_CONTEXT_BYTES + (NCCL_BYTES if world > 1 else 0.0) + FRAGMENTATION * dynamic
 
 
+def optimizer_host_bytes(cand: Candidate, sh: Shapes) -> float:
+    """Host bytes per GPU under ZeRO-Offload: fp32 master weights, Adam m and v (12) and the fp32
+    gradient partition (4) for this rank's 1/N_d share of the parameters."""
+    if not cand.offload_optimizer:
+        return 0.0
+    return 16.0 * sh.n_params / (cand.sp * cand.dp)
+
+
 def host_bytes_available(hw: HardwareSpec) -> float:
     """Host DRAM one GPU may fill with offloaded activations."""
     return hw.host_memory_bytes / hw.devices_per_node * HOST_USABLE_FRACTION
@@ -248,11 +263,12 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     params, grads, optim, gathered = model_states(cand, dtype, sh)
     kept, transient, per_layer, host = activation_bytes(sh, cand)
     activations = kept + transient
-    if host > 0:
+    host_total = host + optimizer_host_bytes(cand, sh)
+    if host_total > 0:
         available = host_bytes_available(hw)
-        if host > available:
+        if host_total > available:
             activations = math.inf
-            notes += (f"activation offload needs {host / GIB:.1f} GiB of host memory per GPU, "
+            notes += (f"offload needs {host_total / GIB:.1f} GiB of host memory per GPU, "
                       f"the node offers {available / GIB:.1f} GiB per GPU",)
     logits = logits_loss_bytes(sh, cand, transient)
     buffers = comm_buffer_bytes(sh, cand)

@@ -193,6 +193,8 @@ class Candidate:
     """One point of the search space: every knob the compiler applies.
 
     ``sp`` x ``dp`` is the world size. Field names are the plan's and the compiler's (one to one).
+    ``offload_optimizer`` is DeepSpeed's ZeRO-Offload: fp32 master weights, Adam states and the
+    optimizer step live on the host (CPU Adam); the device keeps the bf16 weights and gradient buckets.
     """
 
     sp: int
@@ -205,6 +207,7 @@ class Candidate:
     loss_chunks: int = 1
     offload_activations: bool = False
     overlap: str = "none"
+    offload_optimizer: bool = False
 
     def __post_init__(self):
         for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks"):
@@ -219,6 +222,8 @@ class Candidate:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
         if self.offload_activations and self.checkpointing == "none":
             raise ValueError("offload_activations moves checkpointed layer inputs; it needs a checkpointing policy")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer (ZeRO-Offload) needs zero_stage >= 1")
 
     @property
     def world_size(self) -> int:
@@ -238,6 +243,8 @@ class Candidate:
             parts.append("offload")
         if self.overlap != "none":
             parts.append(f"overlap:{self.overlap}")
+        if self.offload_optimizer:
+            parts.append("optim-offload")
         return " ".join(parts)
 
 

@@ -18,6 +18,12 @@ TILE_OVERHEAD_S = 20e-6
 """Fixed cost of one tile of sequence tiling (MLP or logits+loss chunk): kernel launches for smaller
 GEMMs, the tiling loop and its bookkeeping. Makes more chunks cost a little more, as measured."""
 
+HOST_ADAM_BANDWIDTH_PER_NODE = 0.6 * 2 * 307.2e9
+"""DRAM bandwidth CPU Adam streams through on one node: two sockets of 8 DDR5-4800 channels
+(307.2 GB/s each; Intel ARK, Xeon Platinum 8480+, the CPU of DGX H100 per its user guide) at the 60%
+a STREAM-like kernel sustains. ZeRO-Offload's CPU Adam is bandwidth-bound (arXiv 2101.06840, sec. 5.1).
+An assumption until calibration measures it; shared by the node's GPUs."""
+
 HEAD_PIPELINE_CHUNKS = 4
 """``head_pipeline`` splits each layer's attention into this many head groups (fewer if a rank has
 fewer local query heads); the all-to-all of group i+1 runs under the attention of group i."""
@@ -69,6 +75,16 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
         t_recompute += TILE_OVERHEAD_S * cand.loss_chunks * 2
     t_micro = t_fwd + t_bwd + t_recompute
     t_optimizer = flops.optimizer_bytes(n_params, cand) / mem_bw if mem_bw > 0 else 0.0
+    optimizer_offload = 0.0
+    if cand.offload_optimizer:
+        # the step runs on the host's share of DRAM bandwidth; the updated bf16 weights go back over the
+        # host link before the next forward (exposed), the gradients come down during the backward (hidden
+        # up to the overlap fraction, like ZeRO's own reduce-scatter)
+        t_optimizer = flops.optimizer_bytes(n_params, cand) / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node)
+        shard_bytes = n_params / (cand.sp * cand.dp) * sh.e
+        link = hw.host_bandwidth * hw.comm_efficiency
+        optimizer_offload = comm._xfer(shard_bytes, link)
+        optimizer_offload += max(0.0, comm._xfer(shard_bytes, link) - ZERO_OVERLAP_FRACTION * t_bwd)
 
     # --- Ulysses all-to-alls of one micro-batch ---
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
@@ -109,6 +125,6 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     recompute = ga * t_recompute
     attention_comm = ga * attention_comm_micro
     exposed = ga * exposed_attention_micro + zero_exposed
-    offload = ga * offload_micro
+    offload = ga * offload_micro + optimizer_offload
     return TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm, zero_comm=zero_total,
                          offload=offload, exposed_comm=exposed, step=compute + exposed + offload)

@@ -375,3 +375,22 @@ def test_hardware_without_link_figures_does_not_crash():
     assert math.isinf(est.time.step) and est.tokens_per_second == 0 and est.mfu == 0
     single = estimate(TINY, bare, Workload(seq_len=1024), Candidate(sp=1))
     assert 0 < single.time.step < math.inf and single.tokens_per_second > 0
+
+
+def test_optimizer_offload_moves_states_to_host_and_costs_step_time():
+    model, hw = resolve_model("llama-3.1-8b"), resolve_hardware("h100")
+    work = Workload(seq_len=65536)
+    base = Candidate(sp=1, zero_stage=2, checkpointing="full", loss_chunks=8)
+    off = replace(base, offload_optimizer=True)
+    on_device, offloaded = estimate(model, hw, work, base), estimate(model, hw, work, off)
+    assert offloaded.memory.optimizer_states == 0 and offloaded.memory.gradients == 0
+    assert on_device.memory.optimizer_states == 12 * model.n_params()
+    assert offloaded.time.offload > 0 and offloaded.time.step > on_device.time.step
+    # ALST trains Llama-3.1-8B on one H100 only with the optimizer offloaded: so must we
+    assert max_seq_len(model, hw, replace(base, offload_optimizer=False), multiple_of=1024) == 0
+    assert max_seq_len(model, hw, off, multiple_of=1024) > 0
+
+
+def test_optimizer_offload_needs_zero():
+    with pytest.raises(ValueError, match="zero_stage"):
+        Candidate(sp=1, zero_stage=0, offload_optimizer=True)
