@@ -152,8 +152,8 @@ def main(argv=None) -> int:
         raise UsageError(f"{local_ranks} ranks per node need as many GPUs; this machine has "
                          f"{torch.cuda.device_count()}")
     if device == "cpu" and local_ranks > _cores():
-        print(f"autosp-calibrate: warning: {local_ranks} ranks on {_cores()} cores: ranks will be "
-              "oversubscribed, and the profile will say so", file=sys.stderr)
+        print(f"autosp-calibrate: warning: {local_ranks} ranks on {_cores()} cores: the ranks will share "
+              "cores, and each rank's figures drop accordingly (as they would in training)", file=sys.stderr)
     threads = args.threads or max(1, _cores() // local_ranks)
     settings = make_settings(device, args.quick, args.dtype)
     cfg = launch.LaunchConfig(settings=settings, backend=backend, threads=threads,

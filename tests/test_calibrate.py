@@ -13,7 +13,8 @@ import pytest
 
 from autosp.cli import calibrate_main
 from autosp.cost_models.calibration.fit import bus_factor, fit_alpha_beta
-from autosp.cost_models.calibration.profile import build_profile, check_finite, measurements_path_for
+from autosp.cost_models.calibration.profile import (build_profile, check_finite, format_summary,
+                                                    measurements_path_for)
 from autosp.cost_models.calibration.settings import make_settings
 from autosp.planner.plan import hardware_from_dict
 
@@ -165,6 +166,18 @@ def test_fingerprint_is_stable_through_the_file_and_changes_with_figures(tmp_pat
     assert faster.fingerprint() != spec.fingerprint()
 
 
+def test_summary_table_compares_with_a_catalog_entry():
+    from autosp.planner.hardware import resolve_hardware
+
+    spec, sidecar = build_profile(_raw())
+    table = format_summary(spec, sidecar, resolve_hardware("h100x8"), elapsed=1.0)
+    assert "vs catalog h100x8" in table
+    assert "1 GB/s" in table and "e+" not in table  # 0.99999e9 rounds to 1 GB/s
+    for field in ("peak_flops", "matmul_efficiency", "attention_efficiency", "intra_node_bandwidth",
+                  "usable_memory_fraction", "fingerprint"):
+        assert field in table
+
+
 def test_measurements_path():
     assert measurements_path_for("out/hw.json") == "out/hw.measurements.json"
     assert measurements_path_for("hw") == "hw.measurements.json"
@@ -186,6 +199,7 @@ def _error_line(capsys):
     (["--backend", "mpi"], "invalid choice"),
     (["--bogus"], "unrecognized arguments"),
     (["--out", "/proc/autosp-no-such-dir/hw.json"], "cannot write --out"),
+    (["--compare", "no-such-accelerator"], "unknown hardware"),
 ])
 def test_bad_input_is_one_usage_line(argv, needle, capsys):
     assert calibrate_main(argv) == 2

@@ -289,6 +289,7 @@ def check_finite(spec: HardwareSpec) -> list:
 def _si(value: float, unit: str) -> str:
     if value == 0:
         return f"0 {unit}"
+    value = float(f"{value:.3g}")  # round first, so 999.99e6 prints as 1 G, not 1e+03 M
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {prefix}{unit}"
