@@ -1,0 +1,44 @@
+"""What the passes need to know about the run: the process groups, this rank's place, the lengths.
+
+One :class:`SPContext` lives for the life of an engine. The runtime fills in the per-call fields
+(``local_len``, ``global_len``) before it calls the compiled model, so a recompilation for a new
+sequence length sees the right numbers (Dynamo compiles synchronously inside that call, and its shape
+guards make sure a graph compiled for one local length only ever runs at that length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PassStats:
+    """What the passes did, summed over every graph compiled for this engine."""
+
+    graphs: int = 0
+    attention: int = 0
+    masks_removed: int = 0
+    mask_inputs_verified: int = 0
+    positions_offset: int = 0
+    losses: int = 0
+    label_shifts_removed: int = 0
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class SPContext:
+    sp_size: int
+    sp_rank: int
+    sp_group: str                 # ProcessGroup.group_name of this rank's SP group
+    world_group: str              # the group the loss statistics are summed over (every rank)
+    grad_world_size: int          # ranks DeepSpeed averages gradients over (dp * sp)
+    ignore_index: int = -100
+    fragments: bool = False       # graph breaks are expected (ZeRO-3 module hooks)
+    positions_from_runtime: bool = False
+    local_len: int = 0            # s = S / P of the call being compiled
+    global_len: int = 0           # S after padding
+    stats: PassStats = field(default_factory=PassStats)
+
+    @property
+    def position_offset(self) -> int:
+        return self.sp_rank * self.local_len

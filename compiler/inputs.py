@@ -1,0 +1,117 @@
+"""Per-rank inputs: the runtime half of the exact SP semantics (design.md section 2).
+
+Every rank receives the full batch. :func:`shard_batch` turns it into this rank's inputs:
+
+1. validate: a user ``attention_mask`` must be right padding (ones then zeros) and every label at a
+   padded position must be ``ignore_index``; it is then dropped, because under causal attention real
+   tokens never see later pads and the pads' own predictions are ignored. Left padding and packed
+   documents (a mask with holes, ``position_ids`` that do not count up by one) are errors;
+2. take this DP rank's rows;
+3. shift the labels by one over the *full* sequence (the last position gets ``ignore_index``);
+4. pad S up to a multiple of P (and of ``pad_to_multiple_of``) with pad tokens whose labels are
+   ignored; never truncate;
+5. slice this SP rank's contiguous chunk ``[r*s, (r+1)*s)`` of input ids, shifted labels and position
+   ids. Every returned tensor is a fresh, contiguous tensor (Dynamo would merge an input passed twice,
+   e.g. ``labels is input_ids``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from autosp.errors import UsageError
+
+
+@dataclass
+class LocalBatch:
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor | None
+    global_len: int        # S after padding
+    local_len: int         # S / P
+    seq_len: int           # S as given
+    n_valid: int           # valid targets in this DP rank's rows (all SP shards together)
+
+
+def _check_attention_mask(mask: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> None:
+    if mask.shape != labels.shape:
+        raise UsageError(f"attention_mask has shape {tuple(mask.shape)} but the batch is {tuple(labels.shape)}")
+    if mask.dim() != 2:
+        raise UsageError("only a 2-D [batch, seq] attention_mask (padding mask) is supported with sequence "
+                         "parallelism; 4-D masks are not")
+    m = mask.to(torch.int64)
+    if not bool(((m == 0) | (m == 1)).all()):
+        raise UsageError("attention_mask must hold only 0 and 1")
+    if bool((m[:, 1:] > m[:, :-1]).any()):
+        if bool((m[:, 0] == 0).any()) and bool((m[:, -1] == 1).any()):
+            raise UsageError("left-padded attention_mask is not supported with sequence parallelism: pad on the "
+                             "right (causal attention then needs no mask)")
+        raise UsageError("attention_mask has holes (packed documents or left padding): not supported with sequence "
+                         "parallelism, only right padding is")
+    bad = (m == 0) & (labels != ignore_index)
+    if bool(bad.any()):
+        raise UsageError(f"labels at padded positions (attention_mask == 0) must be ignore_index={ignore_index}: "
+                         f"autosp drops the right-padding mask (causal attention makes it unnecessary), and the "
+                         f"predictions at pad positions are exact only when they are ignored")
+
+
+def _check_position_ids(position_ids: torch.Tensor, shape) -> torch.Tensor:
+    if position_ids.dim() == 1:
+        position_ids = position_ids.unsqueeze(0)
+    if position_ids.dim() != 2 or position_ids.shape[-1] != shape[1] or position_ids.shape[0] not in (1, shape[0]):
+        raise UsageError(f"position_ids of shape {tuple(position_ids.shape)} do not match the batch {tuple(shape)}")
+    if position_ids.shape[1] > 1 and not bool((position_ids[:, 1:] - position_ids[:, :-1] == 1).all()):
+        raise UsageError("position_ids must count up by one along each sequence; restarting positions (packed "
+                         "documents) are not supported with sequence parallelism")
+    return position_ids.expand(shape[0], -1)
+
+
+def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_rank: int, dp: int, dp_rank: int,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                ignore_index: int = -100, pad_token_id: int = 0, pad_to_multiple_of: int = 1,
+                micro_batch: int | None = None, make_position_ids: bool = False,
+                device: torch.device | str | None = None) -> LocalBatch:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise UsageError("input_ids must be a [batch, seq] tensor")
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+        raise UsageError("labels must be a tensor with the same [batch, seq] shape as input_ids")
+    batch, seq = input_ids.shape
+    if batch % dp:
+        raise UsageError(f"the batch of {batch} sequences does not split over {dp} data-parallel groups")
+    if micro_batch is not None and batch != dp * micro_batch:
+        raise UsageError(f"expected the full batch of dp x micro_batch = {dp} x {micro_batch} = {dp * micro_batch} "
+                         f"sequences on every rank, got {batch}")
+    if attention_mask is not None:
+        _check_attention_mask(attention_mask, labels, ignore_index)
+    if position_ids is not None:
+        position_ids = _check_position_ids(position_ids, input_ids.shape)
+    elif make_position_ids:
+        position_ids = torch.arange(seq, device=input_ids.device).unsqueeze(0).expand(batch, -1)
+
+    rows = slice(dp_rank * (batch // dp), (dp_rank + 1) * (batch // dp))
+    ids, lab = input_ids[rows], labels[rows]
+    pos = position_ids[rows] if position_ids is not None else None
+
+    shifted = torch.full_like(lab, ignore_index)
+    shifted[:, :-1] = lab[:, 1:]
+
+    multiple = sp * pad_to_multiple_of // math.gcd(sp, pad_to_multiple_of)
+    total = -(-seq // multiple) * multiple
+    extra = total - seq
+    if extra:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], extra), pad_token_id)], dim=1)
+        shifted = torch.cat([shifted, shifted.new_full((shifted.shape[0], extra), ignore_index)], dim=1)
+        if pos is not None:
+            pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, extra + 1, device=pos.device)], dim=1)
+
+    local = total // sp
+    chunk = slice(sp_rank * local, (sp_rank + 1) * local)
+
+    def take(t):
+        return None if t is None else t[:, chunk].to(device=device).contiguous().clone()
+
+    return LocalBatch(input_ids=take(ids), labels=take(shifted), position_ids=take(pos), global_len=total,
+                      local_len=local, seq_len=seq, n_valid=int((shifted != ignore_index).sum()))

@@ -1,0 +1,97 @@
+"""The collectives the SP graph calls, as custom ops.
+
+Each op is a ``torch.library.custom_op``: opaque to Dynamo, AOTAutograd and Inductor (which call it as
+an extern kernel), with a fake implementation for shape propagation and, where gradients flow, an
+autograd formula. They take the process group by name (``ProcessGroup.group_name``) so the graph holds
+only strings and ints.
+
+- ``autosp::all_to_all(x, scatter_dim, gather_dim, group)``: split ``x`` into P chunks along
+  ``scatter_dim``, send chunk j to rank j, concatenate what arrives along ``gather_dim`` in rank order.
+  Ulysses uses it as [B, H, s, d] (sequence-sharded) -> [B, H/P, S, d] (head-sharded) with
+  scatter_dim=1, gather_dim=2, and the inverse for the attention output. Its gradient is the inverse
+  all-to-all (the op is a permutation of elements across ranks).
+- ``autosp::all_reduce_sum(x, group)``: a sum over the group, returned as a new tensor. The loss pass
+  uses it on detached statistics only, so it has no autograd formula (and needs none).
+
+Every call increments a counter in :data:`CALLS`; the runtime compares them before and after each
+forward to prove the compiled graph, not an eager fallback, ran the attention and the loss.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+import torch.distributed as dist
+
+CALLS: collections.Counter = collections.Counter()
+"""How many times each op ran in this process (forward and backward calls alike)."""
+
+
+def _group(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(name)
+
+
+def group_size(name: str) -> int:
+    return dist.get_world_size(group=_group(name))
+
+
+def _needs_fp32_transport(x: torch.Tensor) -> bool:
+    # Gloo has no bfloat16/half all-to-all or all-reduce on every build; the values are exact in fp32.
+    return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
+
+
+@torch.library.custom_op("autosp::all_to_all", mutates_args=())
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
+    CALLS["all_to_all"] += 1
+    pg = _group(group)
+    world = dist.get_world_size(group=pg)
+    if x.shape[scatter_dim] % world:
+        raise RuntimeError(f"autosp::all_to_all: dim {scatter_dim} of size {x.shape[scatter_dim]} "
+                           f"does not split over {world} ranks")
+    dtype = x.dtype
+    if _needs_fp32_transport(x):
+        x = x.float()
+    # [P, *chunk]: chunk j goes to rank j.
+    send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=pg)
+    out = torch.cat(recv.unbind(0), dim=gather_dim)
+    return out.to(dtype)
+
+
+@all_to_all.register_fake
+def _all_to_all_fake(x, scatter_dim, gather_dim, group):
+    world = group_size(group)
+    shape = list(x.shape)
+    shape[scatter_dim] //= world
+    shape[gather_dim] *= world
+    return x.new_empty(shape)
+
+
+def _all_to_all_setup(ctx, inputs, output):
+    _, scatter_dim, gather_dim, group = inputs
+    ctx.scatter_dim, ctx.gather_dim, ctx.group = scatter_dim, gather_dim, group
+
+
+def _all_to_all_backward(ctx, grad):
+    return all_to_all(grad.contiguous(), ctx.gather_dim, ctx.scatter_dim, ctx.group), None, None, None
+
+
+all_to_all.register_autograd(_all_to_all_backward, setup_context=_all_to_all_setup)
+
+
+@torch.library.custom_op("autosp::all_reduce_sum", mutates_args=())
+def all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
+    CALLS["all_reduce_sum"] += 1
+    dtype = x.dtype
+    out = x.float().clone() if _needs_fp32_transport(x) else x.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=_group(group))
+    return out.to(dtype)
+
+
+@all_reduce_sum.register_fake
+def _all_reduce_sum_fake(x, group):
+    return torch.empty_like(x)

@@ -1,0 +1,84 @@
+"""Check pass: prove the rewritten graph has the SP shape, or say exactly what is wrong.
+
+- every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp::all_to_all`` and hands its
+  output to one, with no mask and ``is_causal=True``;
+- no s x s mask is left (a tensor computed from booleans, not from the weights: a mask the mask pass
+  did not remove), and no matmul of two activations produces one (attention computed by hand instead of by
+  SDPA: the all-to-alls would never see it);
+- in a whole-model graph (ZeRO 0-2, compiled with ``fullgraph=True``, so Dynamo itself reports any graph
+  break with its op and source line) there must be attention (the loss pass already insists on a loss).
+
+Under ZeRO-3 the module hooks split the model into many graphs; a graph without attention that builds a
+mask and hands it over a graph break cannot see its consumer, so that case is a note, not an error (the
+consumer's SDPA verifies the mask it receives; the mask is built at the local length s, never at S). The runtime's per-forward op counters close the remaining gap: the loss
+all-reduce must run exactly once and the all-to-alls at least once per forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from autosp.compiler.context import SPContext
+from autosp.compiler.passes.attention import wrapped
+from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
+
+_MATMULS = {torch.matmul, torch.bmm, torch.einsum, torch.baddbmm}
+
+
+def _param_placeholders(gm: fx.GraphModule, example_inputs) -> set:
+    return {n for n, v in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
+            if isinstance(v, torch.nn.Parameter)}
+
+
+def _depends_on(node: fx.Node, roots: set, memo: dict) -> bool:
+    stack, order = [node], []
+    while stack:
+        current = stack.pop()
+        if current in memo:
+            continue
+        order.append(current)
+        stack.extend(p for p in current.all_input_nodes if p not in memo)
+    for current in reversed(order):
+        if current not in memo:
+            memo[current] = current in roots or any(memo.get(p, False) for p in current.all_input_nodes)
+    return memo[node]
+
+
+def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
+    s = ctx.local_len
+    sdpa = [n for n in gm.graph.nodes if is_call(n, SDPA)]
+    for node in sdpa:
+        args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
+        if not wrapped(node) or args["attn_mask"] is not None or not args["is_causal"]:
+            fail("internal: attention left without its all-to-alls", node)
+    if not ctx.fragments:
+        if not sdpa:
+            fail("no attention found: the model must call torch.nn.functional.scaled_dot_product_attention "
+                 "(for Hugging Face models load them with attn_implementation='sdpa')")
+    params = _param_placeholders(gm, example_inputs)
+    memo: dict = {}
+    bools = {n for n in gm.graph.nodes if example(n) is not None and example(n).dtype == torch.bool}
+    bool_memo: dict = {}
+    noted = False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr") or s < 2:
+            continue
+        value = example(node)
+        if value is None or value.dim() < 2 or tuple(value.shape[-2:]) != (s, s):
+            continue
+        if node.op == "call_function" and node.target in _MATMULS and len(node.all_input_nodes) >= 2 \
+                and not any(p in params for p in node.all_input_nodes):
+            fail(f"attention computed outside scaled_dot_product_attention ({s} x {s} scores); use SDPA "
+                 f"(Hugging Face: attn_implementation='sdpa')", node)
+        if _depends_on(node, params, memo):
+            continue
+        if value.dtype != torch.bool and not _depends_on(node, bools, bool_memo):
+            continue  # e.g. a rotary table whose head_dim happens to equal s
+        if ctx.fragments and not sdpa:  # a mask built here and handed over a graph break
+            if not noted:
+                noted = True
+                ctx.stats.notes.append(f"a {s} x {s} mask is built at {where(node)} and crosses a graph break "
+                                       f"(built at the local length s, verified where SDPA receives it)")
+            continue
+        fail(f"an {s} x {s} tensor is left in the graph (an attention mask the compiler could not remove)", node)

@@ -1,0 +1,228 @@
+"""The SP training engine: DeepSpeed underneath, the compiled SP graph inside, exact semantics around.
+
+:class:`SPEngine` is what ``autosp.compile`` returns::
+
+    loss = engine(input_ids=ids, labels=labels)   # every rank passes the FULL batch; the global loss
+    engine.backward(loss)
+    engine.step()
+
+Each call shards the batch for this rank (:mod:`autosp.compiler.inputs`), records the lengths the passes
+need in the :class:`~autosp.compiler.context.SPContext`, and calls the DeepSpeed engine, whose module
+was compiled with the autosp backend (:mod:`autosp.compiler.backend`) by ``DeepSpeedEngine.compile``.
+
+Gradient reduction. DeepSpeed is given every one of the dp x sp ranks as a data-parallel rank (no
+mpu, no ``sequence_parallel_size``): parameters are replicated across an SP group exactly as across DP
+replicas, so one uniform rule covers ZeRO 0, 1, 2 and 3: DeepSpeed averages gradients over all W ranks,
+and the loss pass makes each rank's gradient W * d(local token-loss sum) / N_global, whose average is the
+single-process gradient. ZeRO partitions states over all W ranks, which is what the cost model assumes.
+
+Safety nets that turn silent wrong results into errors:
+
+- during the call, ``torch.nn.functional.scaled_dot_product_attention`` is replaced by a wrapper that
+  refuses to run outside compiled code: attention that escaped the SP graph (an eager fallback after a
+  graph break or a recompile limit) would attend over the local shard only;
+- the custom ops count their calls: each forward must run the loss all-reduce exactly once and at least
+  one all-to-all.
+
+ZeRO-3. DeepSpeed's ZeRO-3 gathers parameters in module hooks that are ``torch.compiler.disable``d, so
+Dynamo breaks the graph around every module that owns parameters. The engine (1) marks the repeated
+blocks (the children of every ``nn.ModuleList``: the decoder layers) as ZeRO-3 leaf modules, so each
+layer is gathered at once and traced as one graph with its attention inside, (2) compiles without
+``fullgraph`` and tells the passes to expect fragments: a mask that arrives as a graph input is verified
+numerically on the example inputs, the loss pass runs wherever the loss is, and (3) passes global
+``position_ids`` itself (when the model's forward accepts them), because positions derived from an
+arange would cross a graph break before reaching the rotary embedding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from autosp.compiler import ops
+from autosp.compiler.context import SPContext
+from autosp.compiler.inputs import LocalBatch, shard_batch
+from autosp.errors import AutospError, UsageError
+
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+def _guarded_sdpa(*args, **kwargs):
+    if not torch.compiler.is_compiling():
+        raise UsageError("scaled_dot_product_attention ran outside the compiled sequence-parallel graph (a graph "
+                         "break or recompile-limit fallback around attention), so it would attend over the local "
+                         "shard only; see the Dynamo warnings above for the cause")
+    return _ORIGINAL_SDPA(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def sdpa_guard():
+    F.scaled_dot_product_attention = _guarded_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = _ORIGINAL_SDPA
+
+
+def _graph_break_message(err: Exception) -> str:
+    text = str(err).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = lines[0] if lines else type(err).__name__
+    for line in lines:
+        if line.startswith("Explanation:"):
+            reason = f"{reason} ({line[len('Explanation:'):].strip()})"
+            break
+    location = ""
+    stack = getattr(err, "real_stack", None)
+    if stack:
+        frame = stack[-1]
+        location = f" at {frame.filename}:{frame.lineno} ({frame.name}): {(frame.line or '').strip()}"
+    else:
+        for line in reversed(lines):
+            if line.startswith("File \""):
+                location = " at " + line
+                break
+    return f"graph break in the model{location}: {reason}; autosp needs the whole model in one graph at ZeRO 0-2"
+
+
+def _unwrap_compile_error(err: Exception):
+    inner = getattr(err, "inner_exception", None) or err.__cause__
+    while inner is not None and not isinstance(inner, AutospError):
+        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    return inner
+
+
+def _extract_loss(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        loss = out[0]
+    if not isinstance(loss, torch.Tensor):
+        raise UsageError("the model returned no loss; it must compute the loss from labels in forward()")
+    return loss
+
+
+def _sliding_window(module) -> int | None:
+    config = getattr(module, "config", None)
+    if config is None:
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+class SPEngine:
+    """A DeepSpeed engine running the sequence-parallel graph. Build it with :func:`autosp.compile`."""
+
+    def __init__(self, ds_engine, layout, ctx: SPContext, candidate, *, ignore_index: int, pad_token_id: int,
+                 pad_to_multiple_of: int, dtype: str, backend: str):
+        self.ds_engine = ds_engine
+        self.layout = layout
+        self.ctx = ctx
+        self.candidate = candidate
+        self.ignore_index = ignore_index
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.dtype = dtype
+        self.backend = backend
+        params = inspect.signature(ds_engine.module.forward).parameters
+        self._accepts_position_ids = "position_ids" in params
+        self._accepts_use_cache = "use_cache" in params
+        self._window = _sliding_window(ds_engine.module)
+
+    # -- accessors --------------------------------------------------------------------------------
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.ds_engine.module
+
+    @property
+    def optimizer(self):
+        return self.ds_engine.optimizer
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.ds_engine.device)
+
+    @property
+    def sp_rank(self) -> int:
+        return self.layout.sp_rank
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank
+
+    @property
+    def stats(self):
+        return self.ctx.stats
+
+    def train(self, mode: bool = True):
+        self.ds_engine.train(mode)
+        return self
+
+    # -- one step ---------------------------------------------------------------------------------
+    def shard(self, input_ids, labels, attention_mask=None, position_ids=None) -> LocalBatch:
+        """This rank's inputs for a full batch (what ``__call__`` feeds the compiled model)."""
+        make_positions = self.ctx.fragments and position_ids is None
+        if make_positions and not self._accepts_position_ids:
+            make_positions = False  # the position pass reports it if positions cross a graph break
+        return shard_batch(input_ids, labels, sp=self.layout.sp, sp_rank=self.layout.sp_rank, dp=self.layout.dp,
+                           dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
+                           ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
+                           pad_to_multiple_of=self.pad_to_multiple_of, micro_batch=self.candidate.micro_batch,
+                           make_position_ids=make_positions, device=self.device)
+
+    def __call__(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
+        if input_ids is None or labels is None:
+            raise UsageError("the engine trains: pass input_ids and labels (the full batch, on every rank)")
+        if position_ids is not None and not self._accepts_position_ids:
+            raise UsageError("position_ids were given but the model's forward does not accept them")
+        batch = self.shard(input_ids, labels, attention_mask, position_ids)
+        if self._window is not None and batch.seq_len > self._window:
+            raise UsageError(f"the model uses sliding-window attention ({self._window} tokens) and the sequence has "
+                             f"{batch.seq_len}: sliding windows are not supported with sequence parallelism")
+        self.ctx.local_len, self.ctx.global_len = batch.local_len, batch.global_len
+        self.ctx.positions_from_runtime = batch.position_ids is not None
+        inputs = {"input_ids": batch.input_ids, "labels": batch.labels}
+        if batch.position_ids is not None:
+            inputs["position_ids"] = batch.position_ids
+        if self._accepts_use_cache and "use_cache" not in kwargs:
+            inputs["use_cache"] = False
+        before = dict(ops.CALLS)
+        try:
+            with sdpa_guard():
+                out = self.ds_engine(**inputs, **kwargs)
+        except AutospError:
+            raise
+        except torch._dynamo.exc.BackendCompilerFailed as err:
+            inner = _unwrap_compile_error(err)
+            if inner is not None:
+                raise inner.with_traceback(None) from None
+            raise
+        except torch._dynamo.exc.Unsupported as err:
+            raise UsageError(_graph_break_message(err)) from None
+        losses = ops.CALLS["all_reduce_sum"] - before.get("all_reduce_sum", 0)
+        a2a = ops.CALLS["all_to_all"] - before.get("all_to_all", 0)
+        if losses != 1:
+            raise UsageError(f"the compiled graph computed the global loss {losses} times in one forward (expected "
+                             f"once): the loss ran outside the compiled graph or more than one loss was found")
+        if a2a == 0:
+            raise UsageError("no attention found: no all-to-all ran in the forward; the model must call "
+                             "torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
+                             "attn_implementation='sdpa')")
+        return _extract_loss(out)
+
+    def backward(self, loss: torch.Tensor, **kwargs):
+        return self.ds_engine.backward(loss, **kwargs)
+
+    def step(self, **kwargs):
+        return self.ds_engine.step(**kwargs)

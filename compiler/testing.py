@@ -1,0 +1,127 @@
+"""Check an SP engine against one process on the full sequence (tests and studies use this).
+
+- :func:`spawn` runs ``fn(rank, world, *args)`` on ``world`` CPU processes joined by gloo on a free port
+  (one thread each), and returns rank 0's return value.
+- :func:`reference_run` trains a copy of the model in this process on the full batches;
+  :func:`sp_run` trains through ``autosp.compile``; both record the loss of every step, the gradients
+  of the first step and the weights after the last, by parameter name.
+- :func:`compare` gives the norm-based relative error of each of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank, world, port, out_path, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        if rank == 0:
+            torch.save(result, out_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args):
+    """Run ``fn(rank, world, *args)`` on ``world`` processes; return what rank 0 returned."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "result.pt")
+        mp.spawn(_entry, args=(world, free_port(), out_path, fn, args), nprocs=world, join=True)
+        return torch.load(out_path, weights_only=False)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (absolute error when b is zero)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    denom = b.norm().item()
+    diff = (a - b).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def _loss(out):
+    return out if isinstance(out, torch.Tensor) else (out.loss if hasattr(out, "loss") else out[0])
+
+
+def reference_run(model, batches, optimizer_fn, model_kwargs=None) -> dict:
+    """One process, full sequences: losses per step, grads of step 1, weights after the last step."""
+    model = copy.deepcopy(model)
+    model.train()
+    optimizer = optimizer_fn(model.parameters())
+    losses, grads = [], None
+    for i, batch in enumerate(batches):
+        optimizer.zero_grad(set_to_none=True)
+        loss = _loss(model(**batch, **(model_kwargs or {})))
+        loss.backward()
+        losses.append(loss.item())
+        if i == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "grads": grads, "weights": weights}
+
+
+def full_grad(param):
+    from deepspeed.utils import safe_get_full_grad
+
+    grad = safe_get_full_grad(param)
+    return None if grad is None else grad.detach().float().cpu().clone()
+
+
+def full_weight(param):
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    value = safe_get_full_fp32_param(param)
+    if value is None:
+        value = param.detach()
+    return value.detach().float().cpu().clone()
+
+
+def sp_run(model, batches, optimizer_fn, **compile_kwargs) -> dict:
+    """The same training through ``autosp.compile``; every rank gets the full batches."""
+    import autosp
+
+    engine = autosp.compile(copy.deepcopy(model), optimizer=optimizer_fn, **compile_kwargs)
+    losses, grads = [], None
+    for i, batch in enumerate(batches):
+        loss = engine(**batch)
+        engine.backward(loss)
+        losses.append(loss.item())
+        if i == 0:
+            grads = {n: full_grad(p) for n, p in engine.module.named_parameters()}
+        engine.step()
+    weights = {n: full_weight(p) for n, p in engine.module.named_parameters()}
+    return {"losses": losses, "grads": grads, "weights": weights, "stats": engine.stats}
+
+
+def compare(sp: dict, ref: dict) -> dict:
+    """Worst relative errors: {'loss': .., 'grad': (err, name), 'weight': (err, name)}."""
+    out = {"loss": max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(sp["losses"], ref["losses"]))}
+    for key, ref_key in (("grad", "grads"), ("weight", "weights")):
+        worst = (0.0, None)
+        for name, expected in ref[ref_key].items():
+            got = sp[ref_key].get(name)
+            if got is None:
+                return {**out, key: (float("inf"), name + " missing")}
+            err = rel_err(got, expected)
+            worst = max(worst, (err, name), key=lambda t: t[0])
+        out[key] = worst
+    return out
