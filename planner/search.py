@@ -208,7 +208,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         return est.tokens_per_second, {"valid": 0.0, "memory": excess}
 
     study = _Study(target, seed, trials, value_fn, label)
-    bar = progress_bar(None, label)
+    bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS, label)
     study.run(study.enqueue(warm_starts(target)), bar)
     study.run(max(0, trials - study.n_trials), bar)
     after_trials = evaluator.calls
@@ -247,7 +247,7 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
         return float(ctx), {"valid": 0.0 if ctx > 0 else 1.0}
 
     study = _Study(structural, seed, trials, value_fn, "optuna max-ctx")
-    bar = progress_bar(None, "optuna max-ctx")
+    bar = progress_bar(max(trials, len(warm_starts(structural))) + REFINE_STARTS, "optuna max-ctx")
     study.run(study.enqueue(warm_starts(structural)), bar)
     study.run(max(0, trials - study.n_trials), bar)
 

@@ -68,3 +68,18 @@ def test_max_context_is_the_boundary_of_fitting():
     fresh = Evaluator(space)
     assert fresh.max_context(cand, must_beat=ctx) == 0  # cannot beat the record: dismissed after one call
     assert fresh.calls == 1
+
+
+def test_max_ctx_floor_and_infeasible_diagnosis():
+    from autosp.errors import InfeasibleError, UsageError
+    from autosp.planner.api import make_plan
+
+    plan = make_plan("llama-3.2-1b", "64k", "h100x2", objective="max-ctx", trials=30)
+    assert plan.workload.seq_len >= 64_000 and plan.search["max_ctx_tokens"] == plan.workload.seq_len
+    assert plan.estimate.fits and plan.objective == "max-ctx"
+    with pytest.raises(InfeasibleError, match="longest context .* short of the requested 1000M"):
+        make_plan("llama-3.2-1b", "1000M", "h100x2", objective="max-ctx", trials=30)
+    with pytest.raises(InfeasibleError, match=r"needs [\d,.]+ GiB per GPU.*GPUs would fit \(--nodes 2\)"):
+        make_plan("llama-3.1-70b", "128k", "h100x8", trials=10)
+    with pytest.raises(UsageError, match="--ctx is required"):
+        make_plan("llama-3.2-1b", None, "h100x2")
