@@ -1,4 +1,9 @@
-"""The analytic cost model's entry points: (ModelSpec, HardwareSpec, Workload, Candidate) -> Estimate.
+"""The cost model's entry points: (ModelSpec, HardwareSpec, Workload, Candidate[, ModelProfile]) -> Estimate.
+
+Every model-dependent cost comes from a :class:`~autosp.cost_models.profile.ModelProfile`: by default
+the analytic one of ``model`` (docs/cost_model.md); pass ``profile=`` a graph-derived one
+(:func:`autosp.cost_models.graph_profile.load_or_build`, docs/graph_profile.md) to price a model
+that is not Llama-shaped.
 
 ``estimate`` raises ValueError (with the reason) for candidates the model cannot run: query heads
 not divisible by sp, KV heads neither dividing nor divisible by sp, or more GPUs than the hardware
@@ -12,6 +17,7 @@ import math
 
 from autosp.cost_models import flops
 from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown
+from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
 from autosp.cost_models.step_time import step_time
@@ -23,10 +29,12 @@ def _check(hw: HardwareSpec, cand: Candidate) -> None:
                          f"{hw.name} has {hw.world_size}")
 
 
-def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> Estimate:
-    """Predicted per-GPU memory, step time, throughput and MFU of one candidate."""
+def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
+             profile: ModelProfile | None = None) -> Estimate:
+    """Predicted per-GPU memory, step time, throughput and MFU of one candidate (``profile``: the
+    model's costs; None = the analytic profile of ``model``)."""
     _check(hw, cand)
-    sh = Shapes(model, workload, cand)
+    sh = Shapes(model, workload, cand, profile)
     memory, (_kept, _transient, per_layer, _host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
     n_params = sh.n_params
     time = step_time(hw, cand, sh, n_params, per_layer)
@@ -40,32 +48,34 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
         notes += (f"sequence padded from {sh.S} to {sh.S_pad} tokens (a multiple of sp={cand.sp})",)
     if sh.kv_copies > 1:
         notes += (f"each KV head is replicated {sh.kv_copies}x for the all-to-all (sp={cand.sp} > "
-                  f"{model.n_kv_heads} KV heads)",)
+                  f"{sh.n_kv} KV heads)",)
     if cand.sp > hw.devices_per_node:
         notes += (f"the SP group of {cand.sp} spans nodes: its all-to-alls use the inter-node network",)
     return Estimate(memory=memory, time=time, capacity_bytes=capacity_bytes(hw), tokens_per_second=tps, mfu=mfu,
                     flops_per_step=model_flops_step, notes=notes)
 
 
-def memory_only(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> MemoryBreakdown:
+def memory_only(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
+                profile: ModelProfile | None = None) -> MemoryBreakdown:
     """Just the memory breakdown (cheaper than a full estimate; for feasibility and max-context search)."""
     _check(hw, cand)
-    sh = Shapes(model, workload, cand)
+    sh = Shapes(model, workload, cand, profile)
     return _memory_breakdown(model, hw, workload.dtype, cand, sh)[0]
 
 
-def fits(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate) -> bool:
-    return memory_only(model, hw, workload, cand).total <= capacity_bytes(hw)
+def fits(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
+         profile: ModelProfile | None = None) -> bool:
+    return memory_only(model, hw, workload, cand, profile).total <= capacity_bytes(hw)
 
 
 def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str = "bf16",
-                multiple_of: int = 1, upper: int = 1 << 31) -> int:
+                multiple_of: int = 1, upper: int = 1 << 31, profile: ModelProfile | None = None) -> int:
     """The longest sequence (a multiple of ``multiple_of``) whose memory fits, by binary search on the
     memory model (monotone in seq_len); 0 if not even ``multiple_of`` tokens fit."""
     step = max(1, multiple_of)
 
     def ok(units: int) -> bool:
-        return fits(model, hw, Workload(seq_len=units * step, dtype=dtype), cand)
+        return fits(model, hw, Workload(seq_len=units * step, dtype=dtype), cand, profile)
 
     lo, hi = 0, max(1, upper // step)
     if ok(hi):

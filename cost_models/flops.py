@@ -12,11 +12,9 @@ Conventions:
 
 from __future__ import annotations
 
+from autosp.cost_models.profile import FA_BACKWARD_FACTOR, POLICY_INDEX  # noqa: F401  (re-exported)
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate
-
-FA_BACKWARD_FACTOR = 2.5
-"""Flash-attention backward work relative to its forward (FlashAttention-2, arXiv 2307.08691)."""
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 """Adam step traffic per local parameter: read fp32 master, m, v (12) and the gradient (2-4), write
@@ -31,7 +29,7 @@ def matmul_flops_forward(sh: Shapes) -> float:
 def attention_flops_forward(sh: Shapes, padded: bool = True) -> float:
     """Causal attention forward on one GPU: its heads (a / P of them) over the whole sequence."""
     S = sh.S_pad if padded else sh.S
-    return 2.0 * S * S * sh.q * sh.L * sh.b / sh.P
+    return 2.0 * S * S * sh.attn_width * sh.L * sh.b / sh.P
 
 
 def model_flops(sh: Shapes) -> float:
@@ -60,42 +58,46 @@ def recompute_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     if cand.mlp_chunks > 1:
         matmul += 2.0 * s * L * sh.mlp_params
     if cand.loss_chunks > 1:
-        matmul += 2.0 * s * sh.lm_head_params
+        matmul += 2.0 * s * sh.head_matmul_params
     return matmul, attention
 
 
 def _layer_pointwise_forward_elems(sh: Shapes) -> float:
-    """Elements one layer's pointwise forward reads + writes per local token: two RMSNorms (read h,
-    write h), RoPE on q and k (read, write), SiLU and the gate*up product (read f write f; read 2f
-    write f), two residual adds (read 2h write h), and the layout copies around the all-to-alls
-    (q, k, v in, out back: read + write each)."""
-    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
-    return 4 * h + 2 * (q + k) + 5 * f + 6 * h + 2 * (2 * q + 2 * k)
+    """Elements one layer's pointwise forward reads + writes per local token: the profile's model work
+    (analytic: two RMSNorms (read h, write h), RoPE on q and k (read, write), SiLU and the gate*up
+    product (read f write f; read 2f write f), two residual adds (read 2h write h)) plus the layout
+    copies around the all-to-alls (q, k, v in, out back: read + write each)."""
+    pw = sh.prof.pw_layer_fwd
+    q, k = sh.q, sh.k_eff
+    return pw.other + pw.kv * sh.kv_copies + 2 * (2 * q + 2 * k)
 
 
 def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     """(baseline, recompute) bytes of memory-bound traffic for one micro-batch on one GPU.
 
-    Baseline: forward pointwise work of every layer, twice that in backward, and the loss's softmax
-    and casts over s x V logits (forward ~14 B, backward ~18 B per logit). Recompute: the norms and
-    SiLU/product (selective, sequence) or the whole layer's pointwise forward (full), plus the loss
-    forward again when it is tiled.
+    Baseline: forward pointwise work of every layer, ``pw_bwd_factor`` (analytic: twice) that in
+    backward, and the loss's softmax and casts over s x V logits (analytic: forward ~14 B, backward
+    ~18 B per logit). Recompute: the profile's recomputed pointwise work (analytic: the norms and
+    SiLU/product under selective and sequence) or the whole layer's pointwise forward (full), plus the
+    loss forward again when it is tiled.
     """
     e, s, L = sh.e, sh.s, sh.L
+    p = sh.prof
     layer_fwd = _layer_pointwise_forward_elems(sh) * e * s
-    loss = s * sh.V * (14.0 + 18.0) * e / 2.0
-    baseline = 3.0 * L * layer_fwd + loss
+    loss = s * (p.loss_pw_fwd + p.loss_pw_bwd) * e / 2.0
+    baseline = (1.0 + p.pw_bwd_factor) * L * layer_fwd + loss
     policy = cand.checkpointing
     if policy == "full":
         recompute = L * layer_fwd
     elif policy in ("selective", "sequence"):
-        recompute = L * (4 * sh.h + 4 * sh.f) * e * s
+        re = p.pw_recompute[POLICY_INDEX[policy]]
+        recompute = L * (re.other + re.kv * sh.kv_copies) * e * s
     else:
         recompute = 0.0
     if cand.mlp_chunks > 1 and policy != "full":
-        recompute += L * 3 * sh.f * e * s
+        recompute += L * p.pw_mlp_recompute.other * e * s
     if cand.loss_chunks > 1:
-        recompute += s * sh.V * 14.0 * e / 2.0
+        recompute += s * p.loss_pw_fwd * e / 2.0
     return baseline, recompute
 
 

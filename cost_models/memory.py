@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import deepspeed_buffers as ds
+from autosp.cost_models import deepspeed_buffers as ds, profile
+from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
 
@@ -29,9 +30,8 @@ HOST_USABLE_FRACTION = 0.8
 loader, DeepSpeed's own pinned buffers)."""
 
 # --- logits + loss ---------------------------------------------------------------------------------
-LOSS_FP32_BYTES = 12
-"""Per logit, the fp32 tensors alive at the loss peak besides the logits themselves: log-softmax
-output (saved for backward), its incoming gradient and the gradient of the upcast logits (4 B each)."""
+LOSS_FP32_BYTES = profile.LOSS_FP32_BYTES
+"""Per logit, the fp32 tensors alive at the loss peak besides the logits themselves (analytic profile)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def zero3_gathered_params(sh: Shapes) -> float:
     layer = sh.layer_params
     largest = max(layer, sh.lm_head_params)
     gathered = min(largest + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer), max(ds.STAGE3_MAX_LIVE_PARAMETERS, largest))
-    persistent = sh.L * (2 * sh.h + (sh.q + 2 * sh.k if sh.qkv_bias else 0)) + sh.h
+    persistent = sh.L * sh.prof.layer_small_params + sh.prof.other_small_params
     return gathered + persistent
 
 
@@ -99,9 +99,10 @@ def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float,
 # ---------------------------------------------------------------------------------------------------
 
 def layer_saved_elems(sh: Shapes, policy: str, mlp_tiled: bool) -> tuple[float, float]:
-    """(attention-side, MLP-side) elements per local token one decoder layer keeps for its backward.
+    """(attention-side, MLP-side) elements per local token one decoder layer keeps for its backward,
+    from the profile (``kept_attn`` / ``kept_mlp``; K/V elements times Ulysses' KV replication).
 
-    Llama block, SDPA/flash attention, Ulysses (docs/cost_model.md, "Activations"):
+    Analytic profile (Llama block, SDPA/flash attention, Ulysses; docs/cost_model.md, "Activations"):
 
     none:      x, norm1(x) | q, k, v after the all-to-all, attention output (head-sharded, kept by
                SDPA) and its sequence-sharded copy (o_proj input) | h1 = x + attn, norm2(h1)
@@ -112,55 +113,59 @@ def layer_saved_elems(sh: Shapes, policy: str, mlp_tiled: bool) -> tuple[float, 
     With MLP tiling the MLP keeps only its input (norm2 output, already counted under ``none``;
     recomputed from kept tensors under ``selective``).
     """
-    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
-    attn_core = q + 2 * k + 2 * q
-    if policy == "none":
-        attn, mlp = 4 * h + attn_core, 4 * f
-    elif policy == "selective":
-        attn, mlp = 2 * h + attn_core, 2 * f
-    elif policy == "sequence":
-        attn, mlp = h + attn_core, 0.0
-    else:  # full
-        attn, mlp = h, 0.0
+    i = POLICY_INDEX[policy]
+    c = sh.kv_copies
+    attn = sh.prof.kept_attn[i]
+    attn_elems = attn.other + attn.kv * c
     if mlp_tiled:
-        mlp = 0.0
-    return attn, mlp
+        return attn_elems, 0.0
+    mlp = sh.prof.kept_mlp[i]
+    return attn_elems, mlp.other + mlp.kv * c
 
 
-def layer_extra_bytes(sh: Shapes, policy: str) -> float:
-    """fp32 per-token side tensors kept per layer: attention logsumexp (one per head, i.e. n_heads
-    per local token after the all-to-all), RMSNorm inverse RMS (two per token, only if norms are not
-    recomputed)."""
-    if policy == "full":
-        return 0.0
-    return 4.0 * sh.a + (8.0 if policy == "none" else 0.0)
+def layer_extra_bytes(sh: Shapes, policy: str, mlp_tiled: bool = False) -> float:
+    """Dtype-independent bytes per token kept per layer (``fixed`` of the kept sets). Analytic: fp32
+    attention logsumexp (one per head, i.e. n_heads per local token after the all-to-all), RMSNorm
+    inverse RMS (two per token, only if norms are not recomputed)."""
+    i = POLICY_INDEX[policy]
+    extra = sh.prof.kept_attn[i].fixed
+    if not mlp_tiled:
+        extra += sh.prof.kept_mlp[i].fixed
+    return extra
 
 
-def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
-    """Elements per local token alive on top of the kept set while one layer runs its backward.
+def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[float, float, float, float]:
+    """(MLP-phase elements, MLP-phase fixed bytes, attention-phase elements, attention-phase fixed bytes)
+    per local token alive on top of the kept set while one layer runs its backward.
 
     Two phases, the larger one is the peak (docs/cost_model.md, "Backward working set"):
 
-    - MLP backward: the attention-side tensors the policy recomputed (selective/sequence: norm1
-      output, h1 and norm2 output; full: all of them), the MLP intermediates that are not kept (all
-      four, or one chunk's 4f/N when tiled), and the MLP gradients (3f/N) with the residual-stream
+    - MLP backward: the attention-side tensors the policy recomputed (analytic selective/sequence:
+      norm1 output, h1 and norm2 output; full: all of them), the MLP intermediates that are not kept
+      (all four, or one chunk's 4f/N when tiled), and the MLP gradients (3f/N) with the residual-stream
       gradient in and out (2h).
     - attention backward: h1, norm2 output and the o_proj input are freed by then; the recomputed
       norm1 output / q, k, v / attention output remain, plus dO, dq, dk, dv, flash attention's fp32 dq
       accumulator (2q in 2-byte units) and the residual gradient (h).
     """
-    h, q, k, f = sh.h, sh.q, sh.k_eff, sh.f
-    if policy == "none":
-        re_mlp_phase, re_attn_phase, mlp_live = 0.0, 0.0, 0.0
-    elif policy in ("selective", "sequence"):
-        re_mlp_phase, re_attn_phase = 3 * h, h
-        mlp_live = 2 * f if policy == "selective" else 4 * f
-    else:  # full
-        re_mlp_phase, re_attn_phase, mlp_live = 3 * h + 3 * q + 2 * k, h + 2 * q + 2 * k, 4 * f
+    p = sh.prof
+    i = POLICY_INDEX[policy]
+    c = sh.kv_copies
+    re_mlp, re_attn, grads = p.recompute_mlp_phase[i], p.recompute_attn_phase[i], p.attn_grads
     if mlp_chunks > 1:
-        mlp_live = 4 * f / mlp_chunks
-    mlp_phase = re_mlp_phase + mlp_live + 3 * f / mlp_chunks + 2 * h
-    attn_phase = re_attn_phase + 4 * q + 2 * k + h
+        mlp_live, live_fixed = p.mlp_inner.other / mlp_chunks, p.mlp_inner.fixed / mlp_chunks
+    else:
+        mlp_live, live_fixed = p.mlp_live[i].other, p.mlp_live[i].fixed
+    mlp_phase = (re_mlp.other + re_mlp.kv * c) + mlp_live + p.mlp_grads.other / mlp_chunks + p.mlp_phase_grads.other
+    mlp_fixed = re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
+    attn_phase = (re_attn.other + re_attn.kv * c) + grads.other + grads.kv * c
+    attn_fixed = re_attn.fixed + grads.fixed
+    return mlp_phase, mlp_fixed, attn_phase, attn_fixed
+
+
+def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
+    """The larger phase of :func:`layer_transient_phases`, in elements (fixed bytes left out)."""
+    mlp_phase, _, attn_phase, _ = layer_transient_phases(sh, policy, mlp_chunks)
     return max(mlp_phase, attn_phase)
 
 
@@ -168,44 +173,49 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
     """(kept on device, one-layer transient, per-layer kept, host bytes) for one GPU.
 
     ``kept on device`` holds every layer's saved set (or, with activation offload, two layers'
-    worth: the one being copied and the one in use) plus the final norm's input and output.
-    ``host bytes`` is what offload parks in host memory (all layers' saved sets).
+    worth: the one being copied and the one in use) plus what is kept outside the layers (analytic:
+    the final norm's input and output). ``host bytes`` is what offload parks in host memory (all
+    layers' saved sets).
     """
     s, e = sh.s, sh.e
-    attn, mlp = layer_saved_elems(sh, cand.checkpointing, cand.mlp_chunks > 1)
-    per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing))
-    final_norm = 2 * sh.h * e * s
+    tiled = cand.mlp_chunks > 1
+    attn, mlp = layer_saved_elems(sh, cand.checkpointing, tiled)
+    per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
+    final = sh.prof.final
+    final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
     if cand.offload_activations:
         kept = min(2, sh.L) * per_layer + final_norm
         host = sh.L * per_layer
     else:
         kept = sh.L * per_layer + final_norm
         host = 0.0
-    transient = s * e * layer_transient_elems(sh, cand.checkpointing, cand.mlp_chunks)
-    if cand.checkpointing == "full":
-        transient += s * layer_extra_bytes(sh, "none")
+    mlp_phase, mlp_fixed, attn_phase, attn_fixed = layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
+    transient = max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
     return kept, transient, per_layer, host
 
 
 def logits_loss_bytes(sh: Shapes, cand: Candidate, layer_transient: float) -> float:
     """What the LM head + cross-entropy add to the peak on top of the layer working set.
 
-    Untiled: bf16 logits (e bytes, kept alive by the model output through the backward) plus
-    LOSS_FP32_BYTES of fp32 tensors at the loss peak: s x V x (e + 12). The layers' backward runs
-    after the loss backward, with only the e-byte logits still alive, so the peak is
-    max(loss peak, layer transient + logits) and this term is that max minus the layer transient.
+    Untiled: the profile's loss peak per token (analytic: bf16 logits, e bytes, kept alive by the
+    model output through the backward, plus LOSS_FP32_BYTES of fp32 tensors at the loss peak:
+    V x (e + 12)). The layers' backward runs after the loss backward, with only the logits still
+    alive (``prof.logits``), so the peak is max(loss peak, layer transient + logits) and this term is
+    that max minus the layer transient.
     Tiled over N chunks (recomputed in backward, ALST's TiledFusedLogitsLoss): one chunk's worth of
     the same tensors plus the gradient of the hidden states (s x h), nothing persistent.
     """
-    s, V, e = sh.s, sh.V, sh.e
+    s, e = sh.s, sh.e
+    p = sh.prof
+    peak_token = p.loss_peak.other * e + p.loss_peak.fixed
     n = cand.loss_chunks
     if n > 1:
         chunk = math.ceil(s / n)
-        peak = chunk * V * (e + LOSS_FP32_BYTES) + s * sh.h * e
+        peak = chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed)
         persistent = 0.0
     else:
-        peak = s * V * (e + LOSS_FP32_BYTES)
-        persistent = s * V * e
+        peak = s * peak_token
+        persistent = s * (p.logits.other * e + p.logits.fixed)
     return max(peak, layer_transient + persistent) - layer_transient
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from autosp.cost_models.profile import ModelProfile, analytic_profile
 from autosp.cost_models.specs import Candidate, ModelSpec, Workload
 
 BYTES = {"bf16": 2, "fp32": 4}
@@ -22,53 +23,57 @@ class Shapes:
     - ``q``/``k``: query and KV widths (heads x head_dim); ``k_eff``: the KV width per local token
       after Ulysses' head replication, max(n_kv, P) x head_dim when P > 1 (when P > n_kv each KV
       head is copied P / n_kv times before the all-to-all so every rank gets the KV head its query
-      heads use).
+      heads use); ``kv_copies`` = k_eff / k.
     - ``e``: bytes per activation/parameter element (2 for bf16, 4 for fp32).
+    - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
+      (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
+      widths, heads and parameter counts below are the profile's.
     """
 
-    __slots__ = ("S", "S_pad", "P", "b", "s", "e", "h", "q", "k", "k_eff", "f", "V", "L", "a", "d",
-                 "n_kv", "kv_copies", "local_heads", "gated", "layer_matmul_params", "mlp_params",
-                 "lm_head_params", "dense_params", "n_params", "layer_params", "qkv_bias")
+    __slots__ = ("S", "S_pad", "P", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
+                 "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
+                 "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
+                 "attn_width", "qproj_params")
 
-    def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate):
+    def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
+        prof = analytic_profile(model) if profile is None else profile
         P = cand.sp
-        a, n_kv = model.n_heads, model.n_kv_heads
+        a, n_kv = prof.n_heads, prof.n_kv_heads
         if a % P:
             raise ValueError(f"sp={P} does not divide the {a} query heads of {model.name}")
         if P > 1 and n_kv % P and P % n_kv:
             raise ValueError(f"sp={P} neither divides nor is a multiple of the {n_kv} KV heads of {model.name}")
+        self.prof = prof
         self.P = P
         self.S = workload.seq_len
         self.S_pad = math.ceil(workload.seq_len / P) * P
         self.b = cand.micro_batch
         self.s = self.S_pad // P * cand.micro_batch
         self.e = BYTES[workload.dtype]
-        self.h = model.hidden
-        self.d = model.head_dim
-        self.q = a * model.head_dim
-        self.k = n_kv * model.head_dim
+        self.h = prof.hidden
+        self.d = d = prof.head_dim
+        self.q = a * d
+        self.k = n_kv * d
         self.n_kv = n_kv
         self.kv_copies = P // n_kv if P > n_kv else 1
-        self.k_eff = max(n_kv, P) * model.head_dim if P > 1 else model.kv_dim
-        self.f = model.ffn_hidden
-        self.V = model.vocab
-        self.L = model.n_layers
+        self.k_eff = max(n_kv, P) * d if P > 1 else self.k
+        self.V = prof.vocab
+        self.L = prof.n_layers
         self.a = a
         self.local_heads = a // P
-        self.gated = model.gated_mlp
-        h = model.hidden
-        self.mlp_params = (3 if model.gated_mlp else 2) * h * model.ffn_hidden
-        self.layer_matmul_params = 2 * h * model.q_dim + 2 * h * model.kv_dim + self.mlp_params
-        self.lm_head_params = model.vocab * h
-        # Matmul parameters of one forward: every layer's projections and MLP plus the LM head (the
-        # embedding lookup is a gather, not a matmul). Tied embeddings still run the head matmul.
-        self.dense_params = model.n_layers * self.layer_matmul_params + self.lm_head_params
-        # same arithmetic as ModelSpec.layer_params() / n_params(), inlined: this runs on every estimate
-        self.qkv_bias = model.qkv_bias
-        self.layer_params = self.layer_matmul_params + 2 * h + ((self.q + 2 * self.k) if model.qkv_bias else 0)
-        self.n_params = (model.n_layers * self.layer_params
-                         + self.lm_head_params * (1 if model.tied_embeddings else 2) + h)
+        # matmul work in parameter equivalents (forward FLOPs per token / 2); the embedding lookup is a
+        # gather, not a matmul; tied embeddings still run the head matmul
+        self.mlp_params = prof.mlp_matmul
+        self.layer_matmul_params = prof.layer_matmul
+        self.head_matmul_params = prof.head_matmul
+        self.dense_params = prof.n_layers * prof.layer_matmul + prof.head_matmul
+        self.qproj_params = prof.qproj_matmul
+        self.attn_width = prof.attn_width
+        # parameter counts (model states, ZeRO-3 gathering)
+        self.lm_head_params = prof.largest_other_params
+        self.layer_params = prof.layer_params
+        self.n_params = prof.n_params
 
 
-def shapes(model: ModelSpec, workload: Workload, cand: Candidate) -> Shapes:
-    return Shapes(model, workload, cand)
+def shapes(model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None) -> Shapes:
+    return Shapes(model, workload, cand, profile)

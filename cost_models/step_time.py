@@ -66,8 +66,10 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     t_mm_fwd = mm_fwd / mm_rate
     t_att_fwd = att_fwd / att_rate
     t_pw = pw_base / mem_bw if mem_bw > 0 else 0.0
-    t_fwd = t_mm_fwd + t_att_fwd + t_pw / 3.0
-    t_bwd = 2.0 * t_mm_fwd + flops.FA_BACKWARD_FACTOR * t_att_fwd + 2.0 * t_pw / 3.0
+    prof = sh.prof
+    pw_bwd = prof.pw_bwd_factor
+    t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
+    t_bwd = prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd + pw_bwd * t_pw / (1.0 + pw_bwd)
     t_recompute = mm_re / mm_rate + att_re / att_rate + (pw_re / mem_bw if mem_bw > 0 else 0.0)
     if cand.mlp_chunks > 1:  # chunks run in the forward, again (with grad) in the backward, and in a full recompute
         t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
@@ -92,12 +94,12 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     passes = 3 if cand.checkpointing == "full" else 2
     attention_comm_micro = L * passes * per_pass
     if per_pass > 0:
-        t_proj_q = 2.0 * sh.s * sh.h * sh.q / mm_rate
+        t_proj_q = 2.0 * sh.s * sh.qproj_params / mm_rate
         chunks = _head_chunks(sh)
         att_layer_fwd = t_att_fwd / L
         exposed_fwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd, chunks)
         exposed_bwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
-                                              flops.FA_BACKWARD_FACTOR * att_layer_fwd, chunks)
+                                              prof.attn_bwd_factor * att_layer_fwd, chunks)
         exposed_attention_micro = L * (exposed_fwd * (passes - 1) + exposed_bwd)
     else:
         exposed_attention_micro = 0.0
