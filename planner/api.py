@@ -7,6 +7,8 @@ torch; optuna only when the Optuna search actually runs.
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from dataclasses import asdict, replace
 
@@ -212,7 +214,7 @@ def _group(cand: Candidate) -> tuple:
 def _differences(cand: Candidate, best: Candidate) -> str:
     names = {"sp": "sp", "zero_stage": "ZeRO", "micro_batch": "micro-batch", "grad_accum": "grad-accum",
              "checkpointing": "ckpt", "mlp_chunks": "mlp chunks", "loss_chunks": "loss chunks",
-             "offload_activations": "offload", "overlap": "overlap"}
+             "offload_activations": "offload", "overlap": "overlap", "offload_optimizer": "optimizer offload"}
     out = []
     for field, label in names.items():
         a, b = getattr(cand, field), getattr(best, field)
@@ -307,18 +309,26 @@ def _leanest(space, seq_len: int):
         per = target.per_sp_choices(sp)
         if per is None or not per["micro_batch"]:
             continue
-        for ckpt in ("full", "sequence"):
-            for offload in (True, False):
-                cand = target.make(sp=sp, zero_stage=max(per["zero_stage"]), micro_batch=min(per["micro_batch"]),
-                                   checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
-                                   loss_chunks=max(per["loss_chunks"] or (1,)), offload_activations=offload,
-                                   overlap="none")
-                if target.reason(cand):
-                    continue
-                est = evaluator(cand)
-                if best is None or est.memory.total < best[1].memory.total:
-                    best = (cand, est)
+        for ckpt, offload, optim in itertools.product(("full", "sequence"), (True, False), (True, False)):
+            cand = target.make(sp=sp, zero_stage=max(per["zero_stage"]), micro_batch=min(per["micro_batch"]),
+                               checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
+                               loss_chunks=max(per["loss_chunks"] or (1,)), offload_activations=offload,
+                               overlap="none", offload_optimizer=optim)
+            if target.reason(cand):
+                continue
+            est = evaluator(cand)
+            if best is None or est.memory.total < best[1].memory.total:
+                best = (cand, est)
     return best
+
+
+def _needs(cand: Candidate, est: Estimate) -> str:
+    """'(plan) needs X GiB per GPU, Y usable' or, when host memory is what runs out, the cost model's note."""
+    if math.isfinite(est.memory.total):
+        return (f"the leanest plan ({cand.short()}) needs {format_gib(est.memory.total)} per GPU, "
+                f"{format_gib(est.capacity_bytes)} usable")
+    why = next((n for n in est.notes if "host memory" in n), "its offloads exceed host memory")
+    return f"the leanest plan ({cand.short()}) cannot fit: {why}"
 
 
 MAX_SCALE_NODES = 4096
@@ -354,8 +364,7 @@ def _more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
         if last is None:
             return "more GPUs of this kind would not help"
         bigger, (cand, est) = last
-        return (f"more GPUs would not help: even on {bigger.world_size:,} of them the leanest plan "
-                f"({cand.short()}) needs {format_gib(est.memory.total)} per GPU")
+        return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
     flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
     return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
 
@@ -372,8 +381,5 @@ def _infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: b
         f"{hw.devices_per_node}x {hw.accelerator.name}"
     if lean is None:
         return f"no valid candidate for {space.model.name} on {where}"
-    cand, est = lean
-    what = (f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: the leanest plan "
-            f"({cand.short()}) needs {format_gib(est.memory.total)} per GPU, "
-            f"{format_gib(est.capacity_bytes)} usable")
+    what = f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: {_needs(*lean)}"
     return f"no plan fits {what}; {_more_gpus_hint(space, seq_len, allow_cross_node_sp)}"

@@ -23,7 +23,9 @@ key: with it (and no mpu) DeepSpeed would divide its world size by sp and reject
 The ``zero_optimization`` section is :func:`autosp.cost_models.deepspeed_buffers.zero_config_fields`:
 the same bucket sizes and overlap settings the cost model charges communication-buffer memory and time
 for, so the prediction and the run agree.
-The optimizer is not in the config: the caller (or ``autosp.compile``) passes it to DeepSpeed.
+The optimizer is not in the config: the caller (or ``autosp.compile``) passes it to DeepSpeed. With
+``offload_optimizer`` the section gets ``offload_optimizer: {device: cpu, pin_memory: true}``
+(ZeRO-Offload), and DeepSpeed insists on its CPU Adam (``deepspeed.ops.adam.DeepSpeedCPUAdam``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ GRADIENT_CLIPPING = 1.0
 STEPS_PER_PRINT = 10
 
 
-def _zero_section(stage: int) -> dict:
+def _zero_section(stage: int, offload_optimizer: bool) -> dict:
     from autosp.cost_models.deepspeed_buffers import zero_config_fields
 
-    return dict(zero_config_fields(stage))
+    section = dict(zero_config_fields(stage))
+    if offload_optimizer:
+        # ZeRO-Offload: DeepSpeed then requires its CPU Adam (DeepSpeedCPUAdam) as the optimizer
+        section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return section
 
 
 def deepspeed_config(plan) -> dict:
@@ -53,7 +59,7 @@ def deepspeed_config(plan) -> dict:
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "bf16": {"enabled": w.dtype == "bf16"},
-        "zero_optimization": _zero_section(c.zero_stage),
+        "zero_optimization": _zero_section(c.zero_stage, c.offload_optimizer),
         "autosp": {
             "note": ("DeepSpeed's data-parallel world here is all dp*sp ranks; train_batch_size counts "
                      "sequence shards (sp per sequence). Sequences per optimizer step: "
@@ -69,6 +75,7 @@ def deepspeed_config(plan) -> dict:
             "loss_chunks": c.loss_chunks,
             "offload_activations": c.offload_activations,
             "overlap": c.overlap,
+            "offload_optimizer": c.offload_optimizer,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

@@ -26,7 +26,8 @@ MAX_CTX = 2**34
 
 def simplicity(cand: Candidate) -> tuple:
     """Sort key: fewer moving parts first (used only to break exact ties deterministically)."""
-    return (cand.offload_activations, CHECKPOINTING_POLICIES.index(cand.checkpointing), cand.mlp_chunks,
+    return (cand.offload_optimizer, cand.offload_activations, CHECKPOINTING_POLICIES.index(cand.checkpointing),
+            cand.mlp_chunks,
             cand.loss_chunks, OVERLAP_SCHEDULES.index(cand.overlap), cand.zero_stage, cand.micro_batch,
             cand.grad_accum, -cand.sp)
 
@@ -107,9 +108,10 @@ class Evaluator:
         if cand in self.max_ctx_memo:
             return self.max_ctx_memo[cand]
         g = CTX_GRANULE
-        start = (must_beat // g) * g + g
+        shortest = -(-self.space.min_seq_len(cand) // g) * g  # tiled candidates are valid only from here
+        start = max((must_beat // g) * g + g, shortest, g)
         if not self.fits(cand, start):
-            if start == g:
+            if must_beat == 0:
                 self.max_ctx_memo[cand] = 0
             return 0
         lo, hi = start, None  # lo fits; hi (once known) does not

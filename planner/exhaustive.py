@@ -28,7 +28,8 @@ def exhaustive_throughput(space, evaluator: Evaluator, seq_len: int | None = Non
 
 
 def memory_lean_first(cand) -> tuple:
-    return (-cand.zero_stage, -CHECKPOINTING_POLICIES.index(cand.checkpointing), -cand.offload_activations,
+    return (-cand.offload_optimizer, -cand.zero_stage, -CHECKPOINTING_POLICIES.index(cand.checkpointing),
+            -cand.offload_activations,
             -cand.mlp_chunks, -cand.loss_chunks, -cand.sp, cand.overlap)
 
 
@@ -37,7 +38,7 @@ def longest_context(space, evaluator: Evaluator, label: str = "max-ctx") -> tupl
     the candidates that set a new record)."""
     from dataclasses import replace
 
-    structural = replace(space, micro_batch=(1,)).with_workload(evaluator.workload(MAX_CTX))
+    structural = replace(space.with_workload(evaluator.workload(MAX_CTX)), micro_batch=(1,))
     candidates = sorted(structural.candidates(), key=memory_lean_first)
     best, records = 0, {}
     bar = progress_bar(len(candidates), label)

@@ -62,6 +62,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("logits+loss tiling", f"{c.loss_chunks} chunk{'s' if c.loss_chunks != 1 else ''}"),
         ("activation offload", "on (checkpointed tensors to host memory)" if c.offload_activations else "off"),
         ("all-to-all overlap", c.overlap),
+        ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
+                              "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
     ]
     for label, value in rows:
         lines.append(f"  {label:<30}{value}")

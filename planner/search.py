@@ -9,7 +9,8 @@ One Optuna study per request, in memory, seeded (same request + same seed = same
    ``Trial.set_constraint``, and the constrained TPE ranks feasible trials by the objective and
    infeasible ones by their violation.
 3. **Local refinement**: a best-improvement hill climb (:func:`hill_climb`) from the best trials of
-   :data:`REFINE_STARTS` different (sp, ZeRO, checkpointing) families. A move changes one knob
+   :data:`REFINE_STARTS` different (sp, ZeRO, checkpointing) families and of every other
+   checkpointing policy the trials found to fit. A move changes one knob
    (sp together with the overlap schedule and the tokens-per-GPU-preserving micro-batch), optionally
    followed by one compensating move: a faster neighbour that does not fit is *repaired* with a
    memory-saving move, a neighbour that fits *spends* its headroom on a speed-gaining one. TPE finds
@@ -67,13 +68,14 @@ def warm_starts(space) -> list[dict]:
     sp = max(choices["sp"])
     lean = dict(sp=sp, zero_stage=3, micro_batch=min(choices["micro_batch"]), checkpointing="full",
                 mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none")
+                offload_activations=True, overlap="none", offload_optimizer=True)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
-                  overlap="kv_async")
+                  overlap="kv_async", offload_optimizer=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
     starts = []
     for knobs in (lean, middle, fast):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
+        knobs = _knobs_of(space, space.make_nearest(**knobs))
         if knobs not in starts:
             starts.append(knobs)
     return starts
@@ -99,7 +101,7 @@ class _Study:
     def _objective(self, trial):
         choices = self.space.choices()
         knobs = {k: trial.suggest_categorical(k, list(choices[k])) for k in self.space.KNOBS}
-        cand = self.space.make(**knobs)
+        cand = self.space.make_nearest(**knobs)
         value, constraints = self.value_fn(cand)
         trial.set_user_attr("candidate", repr(cand))
         _set_constraints(self.optuna, trial, constraints)
@@ -120,8 +122,8 @@ class _Study:
 
 
 def _single_moves(space, cand, stronger: bool) -> list:
-    """One-knob moves that save memory (``stronger``: more tiling, stronger checkpointing, offload, a
-    higher ZeRO stage, a smaller micro-batch) or spend it for speed (the reverse of each)."""
+    """One-knob moves that save memory (``stronger``: more tiling, stronger checkpointing, activation or
+    optimizer offload, a higher ZeRO stage, a smaller micro-batch) or spend it for speed (the reverse)."""
     choices = space.choices()
     knobs = _knobs_of(space, cand)
     moves = []
@@ -141,6 +143,8 @@ def _single_moves(space, cand, stronger: bool) -> list:
     step("micro_batch", up=not stronger)
     if cand.checkpointing != "none" and cand.offload_activations != stronger:
         moves.append(dict(knobs, offload_activations=stronger))
+    if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
+        moves.append(dict(knobs, offload_optimizer=stronger))
     out = []
     for knob_set in moves:
         other = space.make(**knob_set)
@@ -149,19 +153,21 @@ def _single_moves(space, cand, stronger: bool) -> list:
     return out
 
 
-def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 25):
+def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 25, keep=None):
     """Best-improvement local search from ``start``.
 
     The neighbourhood is one move (:meth:`SearchSpace.neighbours`) followed, where it helps, by one
     compensating move: a neighbour that does not fit but is ``faster`` is *repaired* with each single
     memory-saving move, and a neighbour that fits *spends* its headroom with each single speed-gaining
     move. So the climb crosses the memory wall (e.g. a larger sp that frees memory for fewer loss
-    chunks) that pure one-knob moves cannot.
+    chunks) that pure one-knob moves cannot. ``keep(candidate)`` confines the climb to a region.
     """
     current = start
     for _ in range(max_steps):
         best = current
         for other in neighbours(current):
+            if keep is not None and not keep(other):
+                continue
             if better(other, best):
                 best = other
             if fits(other):
@@ -171,7 +177,7 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
             else:
                 follow = ()
             for second in follow:
-                if better(second, best):
+                if (keep is None or keep(second)) and better(second, best):
                     best = second
         if best == current:
             return current
@@ -179,18 +185,73 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
+DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
+"""The knobs that trade speed for memory within one structure (sp, ZeRO, micro-batch, checkpointing,
+overlap); :func:`complete` sets them for a structure."""
+
+
+def complete(space, cand, estimate):
+    """The structure of ``cand`` with its dial knobs chosen greedily: start from the fastest dial (no
+    tiling, no offload) and, while it does not fit, take the single memory-saving step (next tiling
+    level or an offload) that fits fastest, else the one that saves the most memory per second lost.
+    Returns None when even the leanest dial does not fit."""
+    knobs = dict(_knobs_of(space, cand), mlp_chunks=1, loss_chunks=1, offload_activations=False,
+                 offload_optimizer=False)
+    current = space.make(**knobs)
+    if space.reason(current):
+        return None
+    choices = space.choices()
+    for _ in range(16):
+        est = estimate(current)
+        if est.fits:
+            return current
+        base = _knobs_of(space, current)
+        options = []
+        for name in ("mlp_chunks", "loss_chunks"):
+            values = choices[name]
+            i = values.index(base[name])
+            if i + 1 < len(values):
+                options.append(dict(base, **{name: values[i + 1]}))
+        if current.checkpointing != "none" and not current.offload_activations:
+            options.append(dict(base, offload_activations=True))
+        if current.zero_stage >= 1 and not current.offload_optimizer:
+            options.append(dict(base, offload_optimizer=True))
+        options = [o for o in (space.make(**k) for k in options) if o != current and not space.reason(o)]
+        if not options:
+            return None
+        scored = [(o, estimate(o)) for o in options]
+        fitting = [(o, e) for o, e in scored if e.fits]
+        if fitting:
+            return max(fitting, key=lambda item: item[1].tokens_per_second)[0]
+
+        def value(item):
+            o, e = item
+            saved = est.memory.total - e.memory.total
+            lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second)
+            return saved / lost
+
+        current = max(scored, key=value)[0]
+    return None
+
+
 def _distinct_starts(ranked, k: int) -> list:
-    """The best ``k`` scored candidates from different (sp, ZeRO, checkpointing) families."""
-    starts, seen = [], set()
-    for cand, est in ranked:
-        if not est.fits:
-            break
+    """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ZeRO,
+    checkpointing) families, plus the best fitting candidate of every checkpointing policy not among
+    them (the policies are separate basins: moving between them usually needs three knobs at once)."""
+    starts, families, policies = [], set(), set()
+    fitting = [cand for cand, est in ranked if est.fits]
+    for cand in fitting:
         family = (cand.sp, cand.zero_stage, cand.checkpointing)
-        if family not in seen:
-            seen.add(family)
+        if family not in families:
+            families.add(family)
+            policies.add(cand.checkpointing)
             starts.append(cand)
         if len(starts) == k:
             break
+    for cand in fitting:
+        if cand.checkpointing not in policies:
+            policies.add(cand.checkpointing)
+            starts.append(cand)
     return starts
 
 
@@ -208,7 +269,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         return est.tokens_per_second, {"valid": 0.0, "memory": excess}
 
     study = _Study(target, seed, trials, value_fn, label)
-    bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS, label)
+    bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS + 3, label)
     study.run(study.enqueue(warm_starts(target)), bar)
     study.run(max(0, trials - study.n_trials), bar)
     after_trials = evaluator.calls
@@ -227,9 +288,31 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     def faster(a, b):
         return evaluator(a, seq).tokens_per_second > evaluator(b, seq).tokens_per_second
 
+    def fits(a):
+        return evaluator(a, seq).fits
+
+    # climb inside each start's checkpointing policy first (each policy is its own basin), then let the
+    # best point found move freely, with structural moves that re-choose the tiling/offload dial
+    ends = []
     for start in _distinct_starts(ranked_at(evaluator, seq), REFINE_STARTS):
-        hill_climb(target, start, better, lambda a: evaluator(a, seq).fits, faster, target.neighbours)
+        policy = start.checkpointing
+        ends.append(hill_climb(target, start, better, fits, faster, target.neighbours,
+                               keep=lambda c, policy=policy: c.checkpointing == policy))
         bar.update()
+    if ends:
+        def with_completions(c):
+            """One-knob moves, plus every structural move with its dial re-chosen by :func:`complete`."""
+            for other in target.neighbours(c):
+                yield other
+                if any(getattr(other, k) != getattr(c, k) for k in target.KNOBS if k not in DIAL_KNOBS):
+                    done = complete(target, other, lambda x: evaluator(x, seq))
+                    if done is not None:
+                        yield done
+            done = complete(target, c, lambda x: evaluator(x, seq))
+            if done is not None:
+                yield done
+
+        hill_climb(target, min(ends, key=key), better, fits, faster, with_completions)
     bar.close()
     return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked_at(evaluator, seq),
                         evaluations=evaluator.calls, trials=study.n_trials,
@@ -238,7 +321,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 
 
 def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0) -> SearchResult:
-    structural = replace(space, micro_batch=(1,)).with_workload(evaluator.workload(MAX_CTX))
+    structural = replace(space.with_workload(evaluator.workload(MAX_CTX)), micro_batch=(1,))
 
     def value_fn(cand):
         if structural.reason(cand):

@@ -16,6 +16,8 @@ Knobs and choices
 - ``checkpointing``: none / selective / sequence / full.
 - ``mlp_chunks`` in :data:`MLP_CHUNKS`, ``loss_chunks`` in :data:`LOSS_CHUNKS` (sequence tiling).
 - ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
+- ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
+  Adam); only with ZeRO stage >= 1.
 - ``overlap``: none / kv_async / head_pipeline; only with sp > 1 (with sp = 1 there is no all-to-all).
 
 Validity rules (design.md section 2)
@@ -25,12 +27,14 @@ Validity rules (design.md section 2)
 - ``head_pipeline`` needs at least two local query heads to pipeline;
 - a sequence that does not divide by sp is padded up to a multiple of sp (pad tokens carry ignored
   labels): valid, and :func:`padding` says how much is wasted;
-- tiling chunks may not exceed the tokens one rank holds (padded length / sp);
+- tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
+  tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
+  tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` when sp = 1;
-``offload_activations=False`` without checkpointing), so no two candidates of the space mean the same
-training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
+``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
+no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
 
 from __future__ import annotations
@@ -44,11 +48,14 @@ from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, 
 
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
-MLP_CHUNKS = (1, 2, 4, 8, 16)
-LOSS_CHUNKS = (1, 2, 4, 8, 16, 32)
+MLP_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
+LOSS_CHUNKS = (1, 2, 4, 8, 16, 32, 64, 128)
 OFFLOAD = (False, True)
+MIN_TILE_TOKENS = 1024
+"""A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
+launches and lose GEMM efficiency while saving memory that no longer matters."""
 
-SPACE_REVISION = 1
+SPACE_REVISION = 2
 """Bump by hand when the meaning of the space changes; the source hash below catches the rest."""
 
 SPACE_VERSION = f"{SPACE_REVISION}-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]}"
@@ -68,6 +75,11 @@ def padding(seq_len: int, sp: int) -> tuple[int, float]:
 def local_tokens(seq_len: int, sp: int) -> int:
     """Tokens of one sequence held by one rank of the SP group."""
     return padded_length(seq_len, sp) // sp
+
+
+def tile_ok(chunks: int, tokens: int) -> bool:
+    """Whether ``chunks`` tiles of ``tokens`` tokens each hold at least MIN_TILE_TOKENS (1 always does)."""
+    return chunks == 1 or tokens // chunks >= MIN_TILE_TOKENS
 
 
 def divisors(n: int) -> list[int]:
@@ -108,10 +120,11 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
     if cand.overlap == "head_pipeline" and model.n_heads // cand.sp < 2:
         return f"head_pipeline needs at least 2 local query heads, sp={cand.sp} leaves {model.n_heads // cand.sp}"
     tokens = local_tokens(workload.seq_len, cand.sp)
-    if cand.mlp_chunks > tokens:
-        return f"mlp_chunks={cand.mlp_chunks} exceeds the {tokens} tokens per rank"
-    if cand.loss_chunks > tokens:
-        return f"loss_chunks={cand.loss_chunks} exceeds the {tokens} tokens per rank"
+    for name in ("mlp_chunks", "loss_chunks"):
+        chunks = getattr(cand, name)
+        if not tile_ok(chunks, tokens):
+            return (f"{name}={chunks} would cut the {tokens} tokens per rank into tiles smaller than "
+                    f"{MIN_TILE_TOKENS}")
     gb = workload.global_batch
     if gb is None:
         if cand.grad_accum != 1:
@@ -134,12 +147,14 @@ def canonical(cand: Candidate) -> Candidate:
         changes["overlap"] = "none"
     if cand.checkpointing == "none" and cand.offload_activations:
         changes["offload_activations"] = False
+    if cand.zero_stage == 0 and cand.offload_optimizer:
+        changes["offload_optimizer"] = False
     return replace(cand, **changes) if changes else cand
 
 
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
-                   overlap: str) -> Candidate:
+                   overlap: str, offload_optimizer: bool = False) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -152,7 +167,8 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
     return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                      checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
                      offload_activations=offload_activations and checkpointing != "none",
-                     overlap=overlap if sp > 1 else "none")
+                     overlap=overlap if sp > 1 else "none",
+                     offload_optimizer=offload_optimizer and zero_stage >= 1)
 
 
 @dataclass(frozen=True)
@@ -172,9 +188,10 @@ class SearchSpace:
     loss_chunks: tuple[int, ...] = LOSS_CHUNKS
     offload_activations: tuple[bool, ...] = OFFLOAD
     overlap: tuple[str, ...] = OVERLAP_SCHEDULES
+    offload_optimizer: tuple[bool, ...] = OFFLOAD
 
     KNOBS = ("sp", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
-             "offload_activations", "overlap")
+             "offload_activations", "overlap", "offload_optimizer")
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -182,11 +199,29 @@ class SearchSpace:
     def make(self, **knobs) -> Candidate:
         return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
 
+    def make_nearest(self, **knobs) -> Candidate:
+        """Like :meth:`make`, but a tiling level or micro-batch that is invalid with the chosen sp is
+        moved to the nearest valid one below it (for samplers that propose knobs independently)."""
+        per = self.per_sp_choices(knobs["sp"])
+        if per is not None:
+            for name in ("mlp_chunks", "loss_chunks", "micro_batch"):
+                valid = per[name]
+                if valid and knobs[name] not in valid:
+                    below = [v for v in valid if v <= knobs[name]]
+                    knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
+        return self.make(**knobs)
+
+    def min_seq_len(self, cand: Candidate) -> int:
+        """The shortest sequence at which ``cand``'s tiling is valid (tiles of MIN_TILE_TOKENS)."""
+        chunks = max(cand.mlp_chunks, cand.loss_chunks)
+        return 1 if chunks == 1 else cand.sp * chunks * MIN_TILE_TOKENS
+
     def reason(self, cand: Candidate, workload: Workload | None = None) -> str | None:
         return invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
 
     def with_workload(self, workload: Workload) -> "SearchSpace":
-        return replace(self, workload=workload)
+        """The space of the same request at another workload (the tiling choices depend on its length)."""
+        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp)
 
     def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
         """The knob values valid together with ``sp`` (every rule is separable once sp is fixed)."""
@@ -201,9 +236,10 @@ class SearchSpace:
         overlap = tuple(o for o in self.overlap
                         if o == "none" or (sp > 1 and (o != "head_pipeline" or self.model.n_heads // sp >= 2)))
         return {"zero_stage": self.zero_stage, "micro_batch": micro, "checkpointing": self.checkpointing,
-                "mlp_chunks": tuple(c for c in self.mlp_chunks if c <= tokens),
-                "loss_chunks": tuple(c for c in self.loss_chunks if c <= tokens),
-                "offload_activations": self.offload_activations, "overlap": overlap}
+                "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
+                "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
+                "offload_activations": self.offload_activations, "overlap": overlap,
+                "offload_optimizer": self.offload_optimizer}
 
     def candidates(self):
         """Every valid canonical candidate, in a fixed order (deterministic searches and ties)."""
@@ -211,13 +247,16 @@ class SearchSpace:
             per = self.per_sp_choices(sp)
             if per is None:
                 continue
-            for zero, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
-                    per["zero_stage"], per["micro_batch"], per["checkpointing"], per["mlp_chunks"],
-                    per["loss_chunks"], per["offload_activations"], per["overlap"]):
+            for zero, optim, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
+                    per["zero_stage"], per["offload_optimizer"], per["micro_batch"], per["checkpointing"],
+                    per["mlp_chunks"], per["loss_chunks"], per["offload_activations"], per["overlap"]):
                 if offload and ckpt == "none":
                     continue  # canonical: offload needs checkpointed tensors
+                if optim and zero == 0:
+                    continue  # canonical: ZeRO-Offload needs ZeRO
                 yield self.make(sp=sp, zero_stage=zero, micro_batch=micro, checkpointing=ckpt, mlp_chunks=mlp,
-                                loss_chunks=loss, offload_activations=offload, overlap=overlap)
+                                loss_chunks=loss, offload_activations=offload, overlap=overlap,
+                                offload_optimizer=optim)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
@@ -226,10 +265,10 @@ class SearchSpace:
             per = self.per_sp_choices(sp)
             if per is None:
                 continue
-            n_ckpt_offload = sum(1 if c == "none" else len(per["offload_activations"]) for c in per["checkpointing"])
-            if False not in per["offload_activations"]:
-                n_ckpt_offload -= sum(1 for c in per["checkpointing"] if c == "none")
-            total += (len(per["zero_stage"]) * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
+            acts, optims = per["offload_activations"], per["offload_optimizer"]
+            n_ckpt_offload = sum((False in acts) + (c != "none" and True in acts) for c in per["checkpointing"])
+            n_zero_optim = sum((False in optims) + (z >= 1 and True in optims) for z in per["zero_stage"])
+            total += (n_zero_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
                       * len(per["loss_chunks"]) * len(per["overlap"]))
         return total
 
@@ -271,9 +310,14 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
         else:
             excluded.append((sp, reason))
     mb = MICRO_BATCHES if micro_batches is None else tuple(micro_batches)
+    # tiling levels no sp can use at this length are left out (they would only waste samples)
+    most = local_tokens(workload.seq_len, min(valid)) if valid else 0
+    mlp = tuple(c for c in MLP_CHUNKS if tile_ok(c, most)) or (1,)
+    loss = tuple(c for c in LOSS_CHUNKS if tile_ok(c, most)) or (1,)
     if workload.global_batch is not None:
         # Only micro-batches that can divide some replica's share of the global batch.
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
         mb = mb or (1,)
     return SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
-                       sp=tuple(valid), excluded_sp=tuple(excluded), micro_batch=mb)
+                       sp=tuple(valid), excluded_sp=tuple(excluded), micro_batch=mb, mlp_chunks=mlp,
+                       loss_chunks=loss)

@@ -68,13 +68,13 @@ def parse_count(text, what: str) -> int:
 def format_tokens(n: int) -> str:
     """A short human form: 200000 -> '200k', 3_700_000 -> '3.7M', 131072 -> '128Ki', 1000 -> '1k'.
 
-    Binary suffixes only where they are exact and shorter (Ki below a million); otherwise decimal,
-    rounded to 3 significant digits (3_821_568 -> '3.82M')."""
+    Binary suffixes only for powers of two (the lengths people type as 128Ki or 1Mi); everything else
+    is decimal, rounded (3_821_568 -> '3.82M', 604_160 -> '604.2k')."""
     n = int(n)
-    if n % 2**20 == 0 and n % 10**6 != 0:
-        return f"{n // 2**20}Mi"
-    if n < 10**6 and n % 2**10 == 0 and n % 10**3 != 0:
-        return f"{n // 2**10}Ki"
+    for unit, suffix in ((2**20, "Mi"), (2**10, "Ki")):
+        mantissa = n // unit
+        if n % unit == 0 and mantissa & (mantissa - 1) == 0 and n % 1000 != 0:
+            return f"{mantissa}{suffix}"
     if n >= 10**6:
         text = f"{n / 10**6:.2f}".rstrip("0").rstrip(".")
         return f"{text}M"

@@ -21,8 +21,9 @@ def one_gpu_plan():
 def _variants(plan):
     for zero in (0, 1, 2, 3):
         for dtype in ("bf16", "fp32"):
-            for micro, accum in ((1, 1), (2, 4)):
-                cand = replace(plan.candidate, zero_stage=zero, micro_batch=micro, grad_accum=accum)
+            for micro, accum, offload in ((1, 1, False), (2, 4, zero >= 1)):
+                cand = replace(plan.candidate, zero_stage=zero, micro_batch=micro, grad_accum=accum,
+                               offload_optimizer=offload)
                 yield replace(plan, candidate=cand, workload=replace(plan.workload, dtype=dtype))
 
 
@@ -47,6 +48,11 @@ def test_deepspeed_parser_accepts_every_stage_and_dtype(one_gpu_plan):
             assert parsed.zero_config.prefetch_bucket_size == fields["stage3_prefetch_bucket_size"]
             assert parsed.zero_config.param_persistence_threshold == fields["stage3_param_persistence_threshold"]
         assert cfg["autosp"]["sp"] == c.sp and cfg["autosp"]["checkpointing"] == c.checkpointing
+        offload = parsed.zero_config.offload_optimizer
+        if c.offload_optimizer:
+            assert offload is not None and offload.device == "cpu" and offload.pin_memory
+        else:
+            assert offload is None or offload.device == "none"
 
 
 def test_batch_sizes_count_every_rank():

@@ -13,7 +13,7 @@ from autosp.planner.space import build_space
 CASES = [  # (model, ctx, hardware, global batch, seed)
     ("llama-3.1-8b", 200_000, "h100x8", None, 0),
     ("llama-3.2-1b", 32_000, "a100-80gx8", None, 1),
-    ("qwen2.5-7b", 500_000, "h200x8", None, 2),
+    ("mistral-7b", 64_000, "h100x8", None, 2),
     ("llama-3.1-8b", 16_000, "h100x16", 64, 3),
 ]
 
@@ -79,7 +79,7 @@ def test_max_ctx_floor_and_infeasible_diagnosis():
     assert plan.estimate.fits and plan.objective == "max-ctx"
     with pytest.raises(InfeasibleError, match="longest context .* short of the requested 1000M"):
         make_plan("llama-3.2-1b", "1000M", "h100x2", objective="max-ctx", trials=30)
-    with pytest.raises(InfeasibleError, match=r"needs [\d,.]+ GiB per GPU.*GPUs would fit \(--nodes 2\)"):
-        make_plan("llama-3.1-70b", "128k", "h100x8", trials=10)
+    with pytest.raises(InfeasibleError, match=r"needs [\d,.]+ GiB per GPU.*GPUs would fit \(--nodes \d+\)"):
+        make_plan("llama-3.1-405b", "32k", "h100x8", trials=10)
     with pytest.raises(UsageError, match="--ctx is required"):
         make_plan("llama-3.2-1b", None, "h100x2")

@@ -7,8 +7,8 @@ import pytest
 
 from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.planner import space as space_mod
-from autosp.planner.space import (SPACE_VERSION, build_space, canonical, invalid_reason, local_tokens, padded_length,
-                                  padding, sp_reason)
+from autosp.planner.space import (MIN_TILE_TOKENS, SPACE_VERSION, build_space, canonical, invalid_reason, local_tokens,
+                                  padded_length, padding, sp_reason)
 
 # Llama-3.1-8B's shape (32 query heads, 8 KV heads) and a small odd-headed model.
 LLAMA = ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256)
@@ -51,9 +51,11 @@ def test_padding_is_valid_and_measured():
 def test_candidate_rules_return_one_line_reasons():
     hw, wl = cluster(), Workload(64)
     assert "world size" in invalid_reason(LLAMA, hw, wl, Candidate(sp=4, dp=1))
-    assert "mlp_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, mlp_chunks=16))   # 8 tokens per rank
-    assert "loss_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, loss_chunks=16))
-    assert invalid_reason(LLAMA, hw, wl, Candidate(sp=8, loss_chunks=8)) is None
+    assert "mlp_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, mlp_chunks=2))   # 8 tokens per rank
+    assert "loss_chunks" in invalid_reason(LLAMA, hw, wl, Candidate(sp=8, loss_chunks=2))
+    long = Workload(8 * 16 * MIN_TILE_TOKENS)                  # 16 tiles of 1024 tokens per rank
+    assert invalid_reason(LLAMA, hw, long, Candidate(sp=8, loss_chunks=16, mlp_chunks=16)) is None
+    assert "smaller than 1024" in invalid_reason(LLAMA, hw, long, Candidate(sp=8, loss_chunks=32))
     assert "all-to-all" in invalid_reason(LLAMA, hw, wl, Candidate(sp=1, dp=8, overlap="kv_async"))
     odd_hw = cluster(per_node=12)
     assert "head_pipeline" in invalid_reason(TWELVE, odd_hw, Workload(4096), Candidate(sp=12, overlap="head_pipeline"))
@@ -72,12 +74,15 @@ def test_candidate_rules_return_one_line_reasons():
 
 
 @pytest.mark.parametrize("model,hw,wl,cross", [
-    (LLAMA, cluster(), Workload(40), False),                       # tiny sequence: chunk limits bite
-    (ODD, cluster(per_node=12), Workload(1000, global_batch=24), False),
-    (LLAMA, cluster(4, 2), Workload(4096, global_batch=8), True),
+    (LLAMA, cluster(), Workload(40), False),                       # tiny sequence: no tiling at all
+    (ODD, cluster(per_node=12), Workload(24_000, global_batch=24), False),
+    (LLAMA, cluster(4, 2), Workload(16_384, global_batch=8), True),  # tile limits differ per sp
 ])
 def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
     space = build_space(model, hw, wl, allow_cross_node_sp=cross)
+    # fewer choices than the real space (the brute force below is slow), same rules
+    space = replace(space, zero_stage=(0, 1, 3), mlp_chunks=(1, 2, 16), loss_chunks=(1, 4, 32),
+                    checkpointing=("none", "selective", "full"))
     fast = list(space.candidates())
     assert len(fast) == len(set(fast)) == space.size() > 0
     brute = set()
@@ -87,6 +92,8 @@ def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
     for values in itertools.product(*(choices[k] for k in knobs)):
         knob = dict(zip(knobs, values))
         if knob["offload_activations"] and knob["checkpointing"] == "none":
+            continue
+        if knob["offload_optimizer"] and knob["zero_stage"] == 0:
             continue
         dp = hw.world_size // knob["sp"]
         needed = (wl.global_batch or 1) // (dp * knob["micro_batch"]) or 1
@@ -103,12 +110,12 @@ def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
 
 def test_neighbours_change_one_knob():
     space = build_space(LLAMA, cluster(), Workload(131072))
-    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", mlp_chunks=4, loss_chunks=8)
+    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", mlp_chunks=4, loss_chunks=8, offload_optimizer=True)
     neighbours = list(space.neighbours(cand))
     assert neighbours and cand not in neighbours
     for other in neighbours:
         changed = [k for k in space.KNOBS if getattr(other, k) != getattr(cand, k)]
-        assert 1 <= len(changed) <= 2  # offload/overlap may be canonicalised along with the changed knob
+        assert 1 <= len(changed) <= 3  # sp moves with overlap/micro-batch; offloads may be canonicalised
         assert space.reason(other) is None
 
 
@@ -120,3 +127,11 @@ def test_space_version_tracks_the_rules_source():
 def test_canonical_form():
     assert canonical(Candidate(sp=1, overlap="kv_async")).overlap == "none"
     assert canonical(replace(Candidate(sp=8), checkpointing="full", offload_activations=True)).offload_activations
+    space = build_space(LLAMA, cluster(), Workload(131072))
+    knobs = dict(sp=8, zero_stage=0, micro_batch=1, checkpointing="none", mlp_chunks=1, loss_chunks=1,
+                 offload_activations=True, overlap="none", offload_optimizer=True)
+    made = space.make(**knobs)   # offloads that cannot apply are dropped, not errors
+    assert not made.offload_optimizer and not made.offload_activations
+    assert space.make(**dict(knobs, zero_stage=1)).offload_optimizer
+    assert all(not (c.offload_optimizer and c.zero_stage == 0) for c in space.candidates())
+    assert any(c.offload_optimizer for c in space.candidates())

@@ -31,6 +31,7 @@ def test_parse_count_has_no_suffixes():
 
 
 @pytest.mark.parametrize("n,text", [(200_000, "200k"), (3_700_000, "3.7M"), (131_072, "128Ki"),
-                                    (1_048_576, "1Mi"), (500, "500"), (15_000_000, "15M")])
+                                    (1_048_576, "1Mi"), (500, "500"), (15_000_000, "15M"),
+                                    (604_160, "604.2k"), (3_821_568, "3.82M"), (1024, "1Ki"), (2**25, "32Mi")])
 def test_format_tokens(n, text):
     assert format_tokens(n) == text
