@@ -108,6 +108,25 @@ def _leaf_block_names(model) -> list[str]:
     return names
 
 
+def _keep_zero3_hooks_eager(model) -> None:
+    """Make every module hook DeepSpeed's ZeRO-3 registered opaque to Dynamo.
+
+    Some of them are ``torch.compiler.disable``d already, others (the post-forward hook, the hook that
+    attaches the pre-backward autograd function) are not, and Dynamo then traces DeepSpeed's parameter
+    coordinator, recompiling it on every grad-mode or output-type change. Either way each hook is a graph
+    break; disabling all of them keeps them eager and out of the compiler's sight.
+    """
+    import torch
+
+    for module in model.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key, hook in list(hooks.items()):
+                if getattr(hook, "__module__", "").startswith("deepspeed.") and not getattr(hook, "_autosp_eager", False):
+                    wrapped = torch._dynamo.disable(hook, recursive=True)
+                    wrapped._autosp_eager = True
+                    hooks[key] = wrapped
+
+
 def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
                   grad_accum=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
@@ -189,6 +208,9 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
     import deepspeed.utils.nvtx
+
+    if ctx.fragments:
+        _keep_zero3_hooks_eager(ds_engine.module)
 
     deepspeed.utils.nvtx.enable_nvtx = False  # as DeepSpeedEngine.compile does: NVTX ranges break graphs
     module = ds_engine.module

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 
 import torch
 import torch.nn.functional as F
@@ -68,10 +69,11 @@ def sdpa_guard():
 
 
 def _graph_break_message(err: Exception) -> str:
-    text = str(err).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    reason = lines[0] if lines else type(err).__name__
-    for line in lines:
+    """One line: where in the user's code Dynamo had to stop, and why."""
+    lines = [line.rstrip() for line in str(err).splitlines()]
+    text = [line.strip() for line in lines if line.strip()]
+    reason = text[0] if text else type(err).__name__
+    for line in text:
         if line.startswith("Explanation:"):
             reason = f"{reason} ({line[len('Explanation:'):].strip()})"
             break
@@ -80,12 +82,15 @@ def _graph_break_message(err: Exception) -> str:
     if stack:
         frame = stack[-1]
         location = f" at {frame.filename}:{frame.lineno} ({frame.name}): {(frame.line or '').strip()}"
-    else:
-        for line in reversed(lines):
-            if line.startswith("File \""):
-                location = " at " + line
+    else:  # the user frames are in the message: 'File "x.py", line N, in f' then the code
+        for i in range(len(lines) - 1, -1, -1):
+            match = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', lines[i])
+            if match and "site-packages/torch/" not in match.group(1):
+                code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                location = f" at {match.group(1)}:{match.group(2)} ({match.group(3)}): {code}"
                 break
-    return f"graph break in the model{location}: {reason}; autosp needs the whole model in one graph at ZeRO 0-2"
+    return (f"graph break in the model{location}: {reason}; autosp needs the whole model in one graph at "
+            f"ZeRO 0-2 (ZeRO-3 allows breaks between modules)")
 
 
 def _unwrap_compile_error(err: Exception):
@@ -208,7 +213,7 @@ class SPEngine:
             if inner is not None:
                 raise inner.with_traceback(None) from None
             raise
-        except torch._dynamo.exc.Unsupported as err:
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
             raise UsageError(_graph_break_message(err)) from None
         losses = ops.CALLS["all_reduce_sum"] - before.get("all_reduce_sum", 0)
         a2a = ops.CALLS["all_to_all"] - before.get("all_to_all", 0)

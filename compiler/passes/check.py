@@ -61,16 +61,15 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     bools = {n for n in gm.graph.nodes if example(n) is not None and example(n).dtype == torch.bool}
     bool_memo: dict = {}
     noted = False
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr") or s < 2:
-            continue
-        value = example(node)
-        if value is None or value.dim() < 2 or tuple(value.shape[-2:]) != (s, s):
-            continue
+    square = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr") and s >= 2
+              and example(n) is not None and example(n).dim() >= 2 and tuple(example(n).shape[-2:]) == (s, s)]
+    for node in square:
         if node.op == "call_function" and node.target in _MATMULS and len(node.all_input_nodes) >= 2 \
                 and not any(p in params for p in node.all_input_nodes):
             fail(f"attention computed outside scaled_dot_product_attention ({s} x {s} scores); use SDPA "
                  f"(Hugging Face: attn_implementation='sdpa')", node)
+    for node in square:
+        value = example(node)
         if _depends_on(node, params, memo):
             continue
         if value.dtype != torch.bool and not _depends_on(node, bools, bool_memo):
