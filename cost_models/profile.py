@@ -190,7 +190,7 @@ class ModelProfile:
                 values[key] = tuple(Elems(**v) for v in values[key])
         for key in ("versions", "fit", "details"):
             if key in values:
-                values[key] = tuple(tuple(v) for v in values[key])
+                values[key] = _freeze(values[key])
         if "notes" in values:
             values["notes"] = tuple(values["notes"])
         return cls(**values)
@@ -198,6 +198,13 @@ class ModelProfile:
     @classmethod
     def from_json(cls, text: str) -> "ModelProfile":
         return cls.from_dict(json.loads(text))
+
+
+def _freeze(value):
+    """JSON lists back to the tuples a frozen profile holds (recursively)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
 
 
 @lru_cache(maxsize=256)

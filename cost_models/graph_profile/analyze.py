@@ -69,25 +69,33 @@ class LayerAnalysis:
                              "attention to go through torch.nn.functional.scaled_dot_product_attention")
         sdpa_mods = {ops[c.op].module for c in self.sdpa}
         self.attn_children = [c for c in children if any(m == c or m.startswith(c + ".") for m in sdpa_mods)]
-        mm_mods = {o.module for o in self.fwd if o.kind == "matmul"}
+        # The MLP: the child modules with matmuls that run entirely after the attention's output projection
+        # (the first matmul after the last SDPA call); the norm in front of it is not part of it (a tiled MLP
+        # keeps its input).
+        after = [o.idx for o in self.fwd if o.kind == "matmul" and o.idx > max(c.op for c in self.sdpa)]
+        o_proj = min(after) if after else len(ops)
+
+        def ops_of(child):
+            return [o for o in self.fwd if o.module == child or o.module.startswith(child + ".")]
+
         self.mlp_children = [c for c in children if c not in self.attn_children
-                             and any(m == c or m.startswith(c + ".") for m in mm_mods)]
+                             and any(o.kind == "matmul" for o in ops_of(c))
+                             and min(o.idx for o in ops_of(c)) > o_proj]
         self.excluded = tr.param_sids | tr.buffer_sids | tr.input_sids
         self.st = dict(tr.storages)   # plus virtual storages (see _classify)
         self.alloc = {sid for o in self.fwd for sid in o.new}
         self.X = set(tr.layer_inputs.get(self.name, ()))
         self.sdpa_last = max(c.op for c in self.sdpa)
         self.virtual_out = None
-        # the layer's saved set (deduplicated by storage); tensors produced outside and saved here are shared
+        # the layer's saved set (deduplicated by storage): what its backward nodes read back; tensors
+        # produced outside the layer and read here (rotary tables) are shared by all layers
         self.saved = {}
         self.shared = set()
-        fwd_idx = {o.idx for o in self.fwd}
-        for sid, savers in tr.saved.items():
-            mine = [i for i in savers if i in fwd_idx]
-            if not mine or sid in self.excluded:
+        for sid, readers in tr.saved_by.items():
+            if sid in self.excluded or not any(self.inl(m) for m in readers):
                 continue
             if sid in self.alloc or sid in self.X:
-                self.saved[sid] = mine
+                self.saved[sid] = sorted(m for m in readers if self.inl(m))
             else:
                 self.shared.add(sid)
         self._classify()
@@ -140,7 +148,7 @@ class LayerAnalysis:
                         self.st[vsid] = type(out)(sid=vsid, nbytes=out.nbytes, dtype=out.dtype, shape=out.shape,
                                                   producer=c.op, alloc=o.idx, free=out.free)
                         self.alloc.add(vsid)
-                        self.saved[vsid] = [o.idx]
+                        self.saved[vsid] = [o.module]
                         self.virtual_out = vsid
                         collective.add(vsid)
         self.collective = collective
@@ -345,6 +353,8 @@ def measure(tr) -> dict:
     for cls in CLASSES:
         el = la.size([s for s in la.saved if la.cls[s] == cls])
         out[f"class.{cls}"] = el.other * 2 + el.kv * 2 + el.fixed
+    out["norm_fp32_bytes"] = sum(la.st[s].nbytes for s in la.saved
+                                 if la.cls[s] == "norm" and la.st[s].dtype != tr.dtype and la.st[s].nbytes > 8 * la.S)
     out["saved_none_bytes"] = sum(la.st[s].nbytes for s in la.saved if s >= 0)   # what a trace holds
     out["virtual_bytes"] = sum(la.st[s].nbytes for s in la.saved if s < 0)    # the Ulysses-only copy
     out["shared_saved_bytes"] = sum(tr.storages[s].nbytes for s in la.shared)
@@ -442,8 +452,18 @@ def measure(tr) -> dict:
     head_idx = head[-1].idx
     out["head_mm_fwd"] = sum(o.flops for o in ops[:tr.backward_start] if o.kind == "matmul" and not in_any(o.module))
     layer_inputs = {s for v in tr.layer_inputs.values() for s in v}
-    final = [s for s in tr.saved if s not in la.excluded and s not in layer_inputs and tr.storages[s].producer >= 0
-             and tr.storages[s].producer < head_idx and not in_any(ops[tr.storages[s].producer].module)]
+    # kept outside the layers: what modules outside the layers read back from before the LM head (final
+    # norm, the head's input, position indices), and what the layers read that was made outside them
+    # (rotary tables, shared by every layer); not the layers' own inputs (counted per layer)
+    final = []
+    for sid, readers in tr.saved_by.items():
+        st = tr.storages[sid]
+        if sid in la.excluded or sid in layer_inputs or not 0 <= st.producer < head_idx:
+            continue
+        outside_reader = any(not in_any(m) for m in readers)
+        made_outside = not in_any(ops[st.producer].module)
+        if outside_reader or made_outside:
+            final.append(sid)
     put("final", la.size(final))
     early_saved = {s for s in tr.saved if 0 <= tr.storages[s].producer < head_idx}
     skip_loss = la.excluded | tr.grad_sids | early_saved | layer_inputs
@@ -582,6 +602,9 @@ def build_profile(name: str, seq_lens, measurements, params: dict, n_layers: int
         "seq_lens": tuple(seq_lens),
         "saved_by_class": tuple((c, _slope(fits, f"class.{c}")) for c in CLASSES),
         "shared_saved_bytes_per_token": _slope(fits, "shared_saved_bytes"),
+        "norm_fp32_upcast": _slope(fits, "norm_fp32_bytes") > 0,
+        "pointwise_eager_fwd_bytes_per_token": 2 * _slope(fits, "pw_fwd_eager"),
+        "pointwise_eager_bwd_bytes_per_token": 2 * _slope(fits, "pw_bwd_eager"),
         "mm_bwd_over_fwd": clean_ratio(mm_bwd_lin / fwd_lin) if fwd_lin else 0.0,
     }
     if checks:

@@ -93,9 +93,10 @@ def _explain(row: Row, g: ModelProfile, a: ModelProfile) -> Row:
             reasons.append("biases")
         if name == "parameters (model)":
             reasons.append("embeddings/positions outside the Llama formula")
+    fp32_norm = any(c == "norm" and v > 0 for c, v in d.get("saved_by_class", ())) and d.get("norm_fp32_upcast")
     if name.startswith("kept") or name.startswith("backward working set") or name == "kept outside the layers":
-        reasons.append("eager fp32 norm upcast" if gated else "norm/activation saves")
-    if name == "kept outside the layers" and g.head_dim:
+        reasons.append("eager fp32 norm upcast" if fp32_norm else "what the norms/activation save")
+    if name == "kept outside the layers" and d.get("shared_saved_bytes_per_token", 0) > 0:
         reasons.append("shared rotary tables")
     if name.startswith("backward working set"):
         reasons.append("measured gradient working set")

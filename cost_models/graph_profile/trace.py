@@ -15,7 +15,10 @@ model computes its own loss) and backward, and returns a :class:`StepTrace`:
   which it was freed (a ``weakref.finalize`` on the fake storage), so live bytes over time can be
   replayed afterwards;
 - ``saved``: the storages autograd saved for the backward (``torch.autograd.graph.saved_tensors_hooks``),
-  de-duplicated by storage, with the op that saved them;
+  de-duplicated by storage, with the forward op index at which they were saved and (``saved_by``) the
+  modules whose autograd nodes read them back in the backward (the unpack hook runs inside the node:
+  ``torch._C._current_autograd_node()``). An input is saved before its op runs and an output after,
+  so the forward index alone cannot say which op saved a tensor; the reading node can;
 - ``sdpa``: each scaled-dot-product-attention call with its q/k/v shapes and storages;
 - parameter and buffer storages, the storages of each decoder layer's input, the parameter counts.
 
@@ -140,7 +143,8 @@ class StepTrace:
     dtype: str
     ops: list = field(default_factory=list)
     storages: dict = field(default_factory=dict)
-    saved: dict = field(default_factory=dict)          # sid -> [op index that saved it, ...]
+    saved: dict = field(default_factory=dict)          # sid -> [forward op index at the save, ...]
+    saved_by: dict = field(default_factory=dict)       # sid -> {module of each backward node that read it}
     sdpa: list = field(default_factory=list)
     param_sids: set = field(default_factory=set)
     buffer_sids: set = field(default_factory=set)
@@ -396,10 +400,15 @@ def factory_builder(factory):
     layer_kw = next((k for k in _LAYER_KWARGS if k in params), None)
 
     def build(n_layers: int):
-        if layer_kw is not None:
-            model = factory(**{layer_kw: n_layers})
-        else:
-            model = factory()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(TRACE_DTYPE)   # (module.to() cannot swap fake parameters)
+        try:
+            model = factory(**{layer_kw: n_layers}) if layer_kw is not None else factory()
+        finally:
+            torch.set_default_dtype(previous)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"the factory returned {type(model).__name__}, not an nn.Module")
+        if layer_kw is None:
             stack = decoder_stack(model)
             if stack is None:
                 raise ValueError("the factory's model has no ModuleList of decoder layers to cut; give the factory "
@@ -407,20 +416,20 @@ def factory_builder(factory):
             name, layers = stack
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
             setattr(parent, name.rsplit(".", 1)[-1], torch.nn.ModuleList(list(layers)[:n_layers]))
-        if not isinstance(model, torch.nn.Module):
-            raise ValueError(f"the factory returned {type(model).__name__}, not an nn.Module")
-        return model.to(TRACE_DTYPE)
+        return model
 
     def full_layers() -> int:
+        """The real layer count: the default of the factory's layer argument, else the built model's stack."""
+        if layer_kw is not None:
+            default = params[layer_kw].default
+            if default is inspect.Parameter.empty or not isinstance(default, int):
+                raise ValueError(f"the factory's {layer_kw} argument needs an integer default (the real layer count)")
+            return default
         with FakeTensorMode():
-            model = factory() if layer_kw is None or params[layer_kw].default is not inspect.Parameter.empty \
-                else None
-            if model is None:
-                raise ValueError(f"the factory's {layer_kw} argument needs a default (the real layer count)")
-            stack = decoder_stack(model)
-            if stack is None:
-                raise ValueError("the factory's model has no ModuleList of decoder layers")
-            return len(stack[1])
+            stack = decoder_stack(factory())
+        if stack is None:
+            raise ValueError("the factory's model has no ModuleList of decoder layers")
+        return len(stack[1])
 
     return build, full_layers
 
@@ -541,14 +550,20 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
             try:
                 sid = rec.sid_of(t)[0]
                 trace.saved.setdefault(sid, []).append(len(trace.ops) - 1)
-                return t.detach()
+                return sid, t.detach()   # detached: no reference cycle through the node saving its own output
             finally:
                 rec.suspended = False
+
+        def unpack(packed):
+            sid, t = packed
+            node = torch._C._current_autograd_node()
+            trace.saved_by.setdefault(sid, set()).add(modules.node_module.get(node, "") if node is not None else "")
+            return t
 
         hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(modules.pre))
         hooks.append(torch.nn.modules.module.register_module_forward_hook(modules.post))
         try:
-            with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with rec, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 output = model(input_ids=ids, labels=ids)
                 loss = _loss_of(output, ids)
                 trace.logits_shape = _logits_of(output)
