@@ -16,10 +16,11 @@ DTYPES = ("fp32", "bf16")
 
 
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                      grad_accum=None) -> tuple[Candidate, object]:
-    """The candidate to run and the Plan it came from (or None). Plain ints fill a hand-made plan."""
+                      grad_accum=None, offload_optimizer=None) -> tuple[Candidate, object]:
+    """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
     overrides = {k: v for k, v in (("dp", dp_size), ("zero_stage", zero_stage), ("micro_batch", micro_batch),
-                                   ("grad_accum", grad_accum)) if v is not None}
+                                   ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer))
+                 if v is not None}
     source = None
     if plan is not None:
         if isinstance(plan, (str, os.PathLike)):
@@ -91,6 +92,10 @@ def deepspeed_config(candidate: Candidate, dtype: str, plan=None) -> dict:
             config["bf16"] = {"enabled": dtype == "bf16"}
     zero = config.setdefault("zero_optimization", {})
     zero["stage"] = candidate.zero_stage
+    if getattr(candidate, "offload_optimizer", False):  # ZeRO-Offload: a DeepSpeed setting, no graph change
+        import torch
+
+        zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": torch.cuda.is_available()})
     if candidate.zero_stage == 3:
         zero.setdefault("memory_efficient_linear", False)  # keep F.linear visible to the compiler
     config["zero_allow_untested_optimizer"] = True
@@ -128,7 +133,7 @@ def _keep_zero3_hooks_eager(model) -> None:
 
 
 def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                  grad_accum=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
+                  grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
                   z3_leaf_modules=None):
@@ -139,7 +144,10 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
             the loss with ``F.cross_entropy`` and attention with ``F.scaled_dot_product_attention``.
         plan: a plan file path, a :class:`~autosp.planner.plan.Plan` or a
             :class:`~autosp.cost_models.specs.Candidate`; or give ``sp_size`` (and optionally ``dp_size``,
-            ``zero_stage``, ``micro_batch``, ``grad_accum``) for a hand-made plan.
+            ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a hand-made plan.
+            ``micro_batch`` sequences per DP rank per call (the full batch every rank passes is dp x
+            micro_batch sequences); ``grad_accum`` calls per optimizer step (DeepSpeed accumulates and
+            steps at the boundary; each call's loss is that micro-batch's exact global mean).
         optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``, a callable ``params -> optimizer``,
             or None: DeepSpeed's ``optimizer`` section of ``ds_config`` if there is one, else
             ``torch.optim.AdamW(lr=lr)`` (a torch optimizer needs no CUDA extension build).
@@ -171,7 +179,8 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
             dist_backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=dist_backend)
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
-                                               zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum)
+                                               zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
+                                               offload_optimizer=offload_optimizer)
 
     from autosp.compiler.backend import make_backend
     from autosp.compiler.context import SPContext
@@ -188,10 +197,16 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
         if names:
             set_z3_leaf_modules_by_name(model, names)
 
+    offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     if optimizer is None and "optimizer" not in config:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        if offload and torch.cuda.is_available():  # DeepSpeed's CPU Adam runs the offloaded step
+            config["optimizer"] = {"type": "AdamW", "params": {"lr": lr}}
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer(model.parameters())
+    if offload and optimizer is not None:
+        config.setdefault("zero_force_ds_cpu_optimizer", False)  # a torch optimizer steps the host copy
     ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     if ds_engine.dp_world_size != candidate.world_size:
         raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "

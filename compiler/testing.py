@@ -61,20 +61,23 @@ def _loss(out):
     return out if isinstance(out, torch.Tensor) else (out.loss if hasattr(out, "loss") else out[0])
 
 
-def reference_run(model, batches, optimizer_fn, model_kwargs=None) -> dict:
-    """One process, full sequences: losses per step, grads of step 1, weights after the last step."""
+def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: int = 1) -> dict:
+    """One process, full sequences: losses per micro-step, grads of the first optimizer step (the mean over
+    its ``grad_accum`` micro-batches, as DeepSpeed accumulates), weights after the last step."""
     model = copy.deepcopy(model)
     model.train()
     optimizer = optimizer_fn(model.parameters())
     losses, grads = [], None
+    optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
-        optimizer.zero_grad(set_to_none=True)
         loss = _loss(model(**batch, **(model_kwargs or {})))
-        loss.backward()
+        (loss / grad_accum).backward()
         losses.append(loss.item())
-        if i == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        optimizer.step()
+        if (i + 1) % grad_accum == 0:
+            if grads is None:
+                grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "grads": grads, "weights": weights}
 
@@ -96,16 +99,17 @@ def full_weight(param):
 
 
 def sp_run(model, batches, optimizer_fn, **compile_kwargs) -> dict:
-    """The same training through ``autosp.compile``; every rank gets the full batches."""
+    """The same training through ``autosp.compile``; every rank gets the full batches. Gradients are read at
+    the first gradient-accumulation boundary, after DeepSpeed reduced them."""
     import autosp
 
     engine = autosp.compile(copy.deepcopy(model), optimizer=optimizer_fn, **compile_kwargs)
     losses, grads = [], None
-    for i, batch in enumerate(batches):
+    for batch in batches:
         loss = engine(**batch)
         engine.backward(loss)
         losses.append(loss.item())
-        if i == 0:
+        if grads is None and engine.ds_engine.is_gradient_accumulation_boundary():
             grads = {n: full_grad(p) for n, p in engine.module.named_parameters()}
         engine.step()
     weights = {n: full_weight(p) for n, p in engine.module.named_parameters()}

@@ -123,8 +123,9 @@ EXACT = {
     # SP=2 x DP=2 at every ZeRO stage (DeepSpeed sees all 4 ranks as data parallel)
     "hf_qwen2_sp2_dp2_zero0": (4, lambda: hf_model("qwen2"), dict(seq=32), dict(sp_size=2, dp_size=2, micro_batch=1),
                                sgd),
-    "ref_sp2_dp2_zero1": (4, reference_llama, dict(seq=32), dict(sp_size=2, dp_size=2, zero_stage=1, micro_batch=1),
-                          sgd),
+    # ... with gradient accumulation over 2 micro-batches (3 optimizer steps)
+    "ref_sp2_dp2_zero1_grad_accum2": (4, reference_llama, dict(seq=32, steps=6),
+                                      dict(sp_size=2, dp_size=2, zero_stage=1, micro_batch=1, grad_accum=2), sgd),
     "ref_sp2_dp2_zero2_adamw": (4, reference_llama, dict(seq=31),
                                 dict(sp_size=2, dp_size=2, zero_stage=2, micro_batch=1), adamw),
     "ref_sp2_dp2_zero3": (4, reference_llama, dict(seq=32),
@@ -133,6 +134,13 @@ EXACT = {
     "hf_llama_sp2_dp2_zero3_kv1": (4, lambda: hf_model("llama", n_kv=1), dict(seq=31),
                                    dict(sp_size=2, dp_size=2, zero_stage=3, micro_batch=1, ds_config=Z3), sgd),
 }
+
+# bf16 (DeepSpeed bf16 weights, fp32 master weights) against the fp32 single-process run: bf16 tolerances
+BF16 = {
+    "ref_sp2_bf16_zero2": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2, zero_stage=2,
+                                                                  dtype="bf16"), sgd),
+}
+BF16_TOL = {"loss": 1e-3, "grad": 5e-2, "weight": 1e-2}
 
 # name -> (world, model factory, batch kwargs, compile kwargs, expected message fragment)
 ERRORS = {
@@ -175,14 +183,14 @@ def run_cases(rank, world, names):
         start = time.perf_counter()
         torch._dynamo.reset()
         try:
-            if name in EXACT:
-                _, factory, batch_kw, compile_kw, optimizer = EXACT[name]
+            if name in EXACT or name in BF16:
+                _, factory, batch_kw, compile_kw, optimizer = EXACT.get(name) or BF16[name]
                 model = factory()
                 batches = make_batches(**batch_kw)
                 compile_kw = {"backend": "aot_eager", **compile_kw}
                 got = testing.sp_run(model, batches, optimizer, **compile_kw)
                 if rank == 0:
-                    ref = testing.reference_run(model, batches, optimizer)
+                    ref = testing.reference_run(model, batches, optimizer, grad_accum=compile_kw.get("grad_accum", 1))
                     results[name] = {"errors": testing.compare(got, ref), "stats": got["stats"]}
             else:
                 _, factory, batch_kw, compile_kw, _ = ERRORS[name]
@@ -201,7 +209,7 @@ def run_cases(rank, world, names):
 
 
 def _job(world):
-    names = [n for n, spec in {**EXACT, **ERRORS}.items() if spec[0] == world]
+    names = [n for n, spec in {**EXACT, **BF16, **ERRORS}.items() if spec[0] == world]
     from autosp.compiler import testing
 
     return testing.spawn(run_cases, world, names)
@@ -218,7 +226,7 @@ def world4():
 
 
 def _result(request, name):
-    world = (EXACT.get(name) or ERRORS.get(name))[0]
+    world = (EXACT.get(name) or BF16.get(name) or ERRORS.get(name))[0]
     return request.getfixturevalue(f"world{world}")[name]
 
 
@@ -233,6 +241,17 @@ def test_exact_against_single_process(request, name):
     assert errors["weight"][0] <= TOL, errors
     stats = result["stats"]
     assert stats.attention >= 1 and stats.losses >= 1 and stats.label_shifts_removed >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BF16))
+def test_bf16_close_to_fp32_single_process(request, name):
+    result = _result(request, name)
+    assert "crash" not in result, result.get("crash")
+    errors = result["errors"]
+    assert errors["loss"] <= BF16_TOL["loss"], errors
+    assert errors["grad"][0] <= BF16_TOL["grad"], errors
+    assert errors["weight"][0] <= BF16_TOL["weight"], errors
 
 
 @pytest.mark.slow
