@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="throughput: most tokens/s at --ctx (default); max-ctx: the longest context that fits")
     how.add_argument("--search", default="optuna", choices=("optuna", "exhaustive"),
                      help="optuna (default): TPE with memory as a constraint; exhaustive: score every candidate")
-    how.add_argument("--trials", metavar="N", help="Optuna trials (default 100)")
+    how.add_argument("--trials", metavar="N", help="Optuna trials (default 60)")
     how.add_argument("--seed", metavar="S", type=int, default=0, help="Optuna seed (default 0)")
     how.add_argument("--allow-cross-node-sp", action="store_true",
                      help="let an SP group span nodes (its all-to-alls then use the inter-node links)")

@@ -33,8 +33,8 @@ from dataclasses import replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 
-DEFAULT_TRIALS = 100
-REFINE_STARTS = 5
+DEFAULT_TRIALS = 60
+REFINE_STARTS = 3
 """Local refinement climbs from the best trial of this many different (sp, ZeRO, checkpointing) families."""
 
 
@@ -191,20 +191,30 @@ overlap); :func:`complete` sets them for a structure."""
 
 
 def complete(space, cand, estimate):
-    """The structure of ``cand`` with its dial knobs chosen greedily: start from the fastest dial (no
-    tiling, no offload) and, while it does not fit, take the single memory-saving step (next tiling
-    level or an offload) that fits fastest, else the one that saves the most memory per second lost.
-    Returns None when even the leanest dial does not fit."""
+    """The structure of ``cand`` with its dial knobs chosen greedily.
+
+    Start from the fastest dial (no tiling, no offload) and walk towards less memory: at each point try
+    every single memory-saving step (next tiling level, an offload, the next ZeRO stage); remember the
+    fastest step that fits, and continue the walk through the step that saves the most memory per unit
+    of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
     knobs = dict(_knobs_of(space, cand), mlp_chunks=1, loss_chunks=1, offload_activations=False,
                  offload_optimizer=False)
     current = space.make(**knobs)
     if space.reason(current):
         return None
     choices = space.choices()
+    best = None
+
+    def consider(c, e):
+        nonlocal best
+        if e.fits and (best is None or e.tokens_per_second > best[1].tokens_per_second):
+            best = (c, e)
+
     for _ in range(16):
         est = estimate(current)
+        consider(current, est)
         if est.fits:
-            return current
+            break
         base = _knobs_of(space, current)
         options = []
         for name in ("mlp_chunks", "loss_chunks"):
@@ -216,13 +226,16 @@ def complete(space, cand, estimate):
             options.append(dict(base, offload_activations=True))
         if current.zero_stage >= 1 and not current.offload_optimizer:
             options.append(dict(base, offload_optimizer=True))
+        higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
+        if higher:
+            options.append(dict(base, zero_stage=higher[0]))
         options = [o for o in (space.make(**k) for k in options) if o != current and not space.reason(o)]
-        if not options:
-            return None
         scored = [(o, estimate(o)) for o in options]
-        fitting = [(o, e) for o, e in scored if e.fits]
-        if fitting:
-            return max(fitting, key=lambda item: item[1].tokens_per_second)[0]
+        for o, e in scored:
+            consider(o, e)
+        walk = [(o, e) for o, e in scored if not e.fits]
+        if not walk:
+            break
 
         def value(item):
             o, e = item
@@ -230,8 +243,8 @@ def complete(space, cand, estimate):
             lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second)
             return saved / lost
 
-        current = max(scored, key=value)[0]
-    return None
+        current = max(walk, key=value)[0]
+    return best[0] if best else None
 
 
 def _distinct_starts(ranked, k: int) -> list:

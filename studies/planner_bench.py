@@ -149,10 +149,10 @@ Why the numbers differ from ALST's
   without it the planner keeps 15 GiB of bf16 weights on the GPU and still predicts 1.2x ALST; the
   what-if line removes them to compare like with like (1.5x).
 - Like for like, the cost model is optimistic by about 1.3x (8 GPUs) to 1.5x (1 GPU): its per-token
-  activation memory is lower than what ALST's runs needed. The analytic model has no allocator fragmentation beyond its fixed reserve fraction, no
-  growth of flash-attention / NCCL workspaces with the sequence, and none of the copies the Hugging Face
-  code path makes (position ids, masks, Liger/loss-tiling buffers, the all-to-all staging buffers of a
-  real Ulysses implementation).
+  activation memory is lower than what ALST's runs needed. The analytic model has no allocator
+  fragmentation beyond its fixed reserve fraction, no growth of flash-attention / NCCL workspaces with
+  the sequence, and none of the copies the Hugging Face code path makes (position ids, masks,
+  Liger/loss-tiling buffers, the all-to-all staging buffers of a real Ulysses implementation).
 - ALST's numbers are round lengths that ran, not searched boundaries: its 8-GPU recipe sets max_length
   3,800,000 (the paper reports 3.7M) and its 1-GPU recipe 500,000, with a comment that 555,000 failed in
   a Triton kernel (illegal memory access); the planner bisects to the memory boundary in 1,024-token steps.

@@ -34,7 +34,7 @@ def test_optuna_reaches_the_exhaustive_optimum(model, ctx, hw, gb, seed):
     assert found.best is not None
     ratio = found.best[1].tokens_per_second / best.tokens_per_second
     assert ratio >= 0.99, (ratio, found.best[0].short(), best_cand.short())
-    assert found.evaluations <= 0.15 * full.evaluations, (found.evaluations, full.evaluations)
+    assert found.evaluations <= 0.2 * full.evaluations, (found.evaluations, full.evaluations)
 
 
 def test_optuna_is_deterministic_for_a_seed():
