@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autosp.cost_models.profile import PROFILE_SCHEMA, ModelProfile
 
-__all__ = ["ModelProfile", "cache_dir", "describe_model_arg", "fingerprint", "load_or_build"]
+__all__ = ["ModelProfile", "cache_dir", "describe_model_arg", "fingerprint", "load_or_build", "preset_config"]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -151,3 +151,36 @@ def load_or_build(model_arg: str, *, rebuild: bool = False, seq_lens=None, quiet
     profile = build_profile_for(model_arg, fingerprint=key, seq_lens=seq_lens, quiet=quiet)
     write_cached(profile)
     return profile
+
+
+def hf_config_of(spec) -> dict:
+    """A Hugging Face config.json (as a dict) for a Llama-family ModelSpec: ``qwen2`` when it has q/k/v
+    biases, ``llama`` otherwise (Mistral's dense block is the same)."""
+    cfg = {"model_type": "qwen2" if spec.qkv_bias else "llama", "hidden_size": spec.hidden,
+           "intermediate_size": spec.ffn_hidden, "num_attention_heads": spec.n_heads,
+           "num_key_value_heads": spec.n_kv_heads, "head_dim": spec.head_dim, "num_hidden_layers": spec.n_layers,
+           "vocab_size": spec.vocab, "max_position_embeddings": spec.max_position or 131072,
+           "rope_theta": spec.rope_theta, "rms_norm_eps": 1e-5, "tie_word_embeddings": spec.tied_embeddings,
+           "hidden_act": "silu" if spec.gated_mlp else "gelu", "_name_or_path": spec.name}
+    if spec.qkv_bias:
+        cfg["use_sliding_window"] = False
+    else:
+        cfg.update(attention_bias=False, mlp_bias=False)
+    return cfg
+
+
+def preset_config(name: str) -> str:
+    """Write the config.json of a planner preset (planner/data/models.toml) under the cache directory and
+    return its path, so a preset can be profiled like any config (the cross-check of docs/graph_profile.md)."""
+    from autosp.planner.models import resolve_model
+
+    spec = resolve_model(name)
+    if not spec.gated_mlp:
+        raise ValueError(f"preset {spec.name} is not a gated-MLP Llama-family model")
+    folder = cache_dir() / "preset-configs" / spec.name.replace("/", "_")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    text = json.dumps(hf_config_of(spec), indent=1, sort_keys=True)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return str(path)

@@ -65,12 +65,23 @@ def end_to_end(profile, spec, seq_len: int = 32768) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autosp.cost_models.graph_profile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="config.json (or its directory) or package.module:function")
+    parser.add_argument("model", nargs="?", help="config.json (or its directory) or package.module:function")
+    parser.add_argument("--preset", help="profile a planner preset (e.g. llama-3.1-8b) through a generated config.json")
     parser.add_argument("--json", action="store_true", help="print the profile and the comparison as JSON")
     parser.add_argument("--rebuild", action="store_true", help="trace again even if the profile is cached")
     parser.add_argument("--seq-lens", help="comma-separated sequence lengths to trace (default 333,667,1001)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
+    if (args.model is None) == (args.preset is None):
+        parser.error("give a model (config.json or package.module:function) or --preset NAME")
+    if args.preset:
+        from autosp.cost_models.graph_profile import preset_config
+
+        try:
+            args.model = preset_config(args.preset)
+        except Exception as err:  # noqa: BLE001 - UsageError / ValueError with a one-line message
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     seq_lens = tuple(int(x) for x in args.seq_lens.split(",")) if args.seq_lens else None
     try:
         profile = load_or_build(args.model, rebuild=args.rebuild, seq_lens=seq_lens, quiet=args.quiet)

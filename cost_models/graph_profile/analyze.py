@@ -558,10 +558,8 @@ def fit_measurements(seq_lens, measurements) -> tuple[dict, dict]:
     return fits, structure
 
 
-def _slope(fits, key, scale=1.0) -> float:
-    f = fits[key]
-    value = f.coef[1]
-    return clean(value, scale)
+def _slope(fits, key) -> float:
+    return clean(fits[key].coef[1])
 
 
 def _elems(fits, prefix) -> Elems:
@@ -614,9 +612,9 @@ def build_profile(name: str, seq_lens, measurements, params: dict, n_layers: int
         vocab=int(st["vocab"]),
         n_params=int(n_params), layer_params=int(params["layer"]), layer_small_params=int(params["layer_small"]),
         other_small_params=int(params["other_small"]), largest_other_params=int(params["largest_other"]),
-        layer_matmul=clean(mm_lin / 2, h), mlp_matmul=clean(fits["mlp_mm_fwd"].coef[0] / 2, h),
-        head_matmul=clean(fits["head_mm_fwd"].coef[0] / 2, h), qproj_matmul=clean(fits["qproj_fwd"].coef[0] / 2, h),
-        attn_width=clean(quad_fwd / 2, h),
+        layer_matmul=clean(mm_lin / 2), mlp_matmul=clean(fits["mlp_mm_fwd"].coef[0] / 2),
+        head_matmul=clean(fits["head_mm_fwd"].coef[0] / 2), qproj_matmul=clean(fits["qproj_fwd"].coef[0] / 2),
+        attn_width=clean(quad_fwd / 2),
         kept_attn=tuple(_elems(fits, f"kept_attn.{p}") for p in pols),
         kept_mlp=tuple(_elems(fits, f"kept_mlp.{p}") for p in pols),
         recompute_mlp_phase=tuple(_elems(fits, f"recompute_mlp_phase.{p}") for p in pols),

@@ -74,10 +74,11 @@ def fit_flops(xs, ys) -> Fit:
     return Fit((a, c), "flops", _residual(fit, xs, ys))
 
 
-def clean(value: float, scale: float, tol: float = 1e-9) -> float:
-    """Round away floating-point dust: a value within tol x scale of an integer becomes that integer."""
+def clean(value: float, tol: float = 1e-9) -> float:
+    """Round away floating-point dust: a value within a relative ``tol`` of an integer becomes that
+    integer (per-token sizes and FLOPs of a traced model are integers; least squares adds dust)."""
     nearest = round(value)
-    if abs(value - nearest) <= tol * max(1.0, abs(scale)):
+    if abs(value - nearest) <= tol * max(1.0, abs(value)):
         return float(nearest)
     return value
 

@@ -560,6 +560,14 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
             trace.saved_by.setdefault(sid, set()).add(modules.node_module.get(node, "") if node is not None else "")
             return t
 
+        # every gradient that reaches a parameter (a tied weight gets several before they are summed) is
+        # a parameter gradient, counted with the model states, not with the activations
+        def grad_seen(grad):
+            trace.grad_sids.add(rec.sid_of(grad)[0])
+
+        for p in model.parameters():
+            if p.requires_grad:
+                hooks.append(p.register_hook(grad_seen))
         hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(modules.pre))
         hooks.append(torch.nn.modules.module.register_module_forward_hook(modules.post))
         try:
@@ -575,6 +583,14 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
                     sid = rec.live.get(p.grad.untyped_storage()._cdata)
                     if sid is not None:
                         trace.grad_sids.add(sid)
+            # Parameter-shaped tensors made in the backward are weight gradients (a tied weight's first
+            # gradient waits in the engine's buffer for the second before reaching the hook): model states,
+            # constant in the sequence length. (The traced lengths are not model widths, so no activation
+            # has a parameter's shape.)
+            param_shapes = {tuple(p.shape) for p in model.parameters()}
+            for sid, st in trace.storages.items():
+                if st.producer >= trace.backward_start and st.shape in param_shapes:
+                    trace.grad_sids.add(sid)
         finally:
             for h in hooks:
                 h.remove()
