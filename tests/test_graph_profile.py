@@ -304,3 +304,15 @@ def test_sp_validation_uses_the_traced_heads(llama, llama_path):
     spec = replace(model_from_hf_config(llama_path), n_heads=16, n_kv_heads=16)   # a wrong spec...
     with pytest.raises(ValueError, match="query heads"):
         estimate(spec, resolve_hardware("h100x16"), Workload(seq_len=4096), Candidate(sp=16), profile=llama)
+
+
+def test_preset_config_reads_back_as_the_preset(cache):
+    """--preset writes a config.json that the planner's reader turns back into the same ModelSpec."""
+    from autosp.cost_models.graph_profile import preset_config
+    from autosp.planner.models import resolve_model
+
+    for name in ("llama-3.1-8b", "qwen2.5-0.5b"):
+        spec = resolve_model(name)
+        back = model_from_hf_config(preset_config(name))
+        assert replace(back, source="") == replace(spec, source=""), name
+        assert replace(analytic_profile(back), fingerprint="") == replace(analytic_profile(spec), fingerprint="")
