@@ -14,7 +14,7 @@ import sys
 
 from torch import fx
 
-from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp.*)
+from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp_ops.*)
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes import PIPELINE
 

@@ -5,13 +5,18 @@ an extern kernel), with a fake implementation for shape propagation and, where g
 autograd formula. They take the process group by name (``ProcessGroup.group_name``) so the graph holds
 only strings and ints.
 
-- ``autosp::all_to_all(x, scatter_dim, gather_dim, group)``: split ``x`` into P chunks along
+- ``autosp_ops::all_to_all(x, scatter_dim, gather_dim, group)``: split ``x`` into P chunks along
   ``scatter_dim``, send chunk j to rank j, concatenate what arrives along ``gather_dim`` in rank order.
   Ulysses uses it as [B, H, s, d] (sequence-sharded) -> [B, H/P, S, d] (head-sharded) with
   scatter_dim=1, gather_dim=2, and the inverse for the attention output. Its gradient is the inverse
   all-to-all (the op is a permutation of elements across ranks).
-- ``autosp::all_reduce_sum(x, group)``: a sum over the group, returned as a new tensor. The loss pass
+- ``autosp_ops::all_reduce_sum(x, group)``: a sum over the group, returned as a new tensor. The loss pass
   uses it on detached statistics only, so it has no autograd formula (and needs none).
+
+The namespace is ``autosp_ops``, not ``autosp``: DeepSpeed 0.19.8 registers its own
+``autosp::all_to_all`` (deepspeed/compile/custom_ops/all_to_all.py, with a different group convention),
+and two ``custom_op`` definitions of one name silently replace each other: whichever module is imported
+last would run inside the other's graphs.
 
 Every call increments a counter in :data:`CALLS`; the runtime compares them before and after each
 forward to prove the compiled graph, not an eager fallback, ran the attention and the loss.
@@ -43,13 +48,13 @@ def _needs_fp32_transport(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
 
 
-@torch.library.custom_op("autosp::all_to_all", mutates_args=())
+@torch.library.custom_op("autosp_ops::all_to_all", mutates_args=())
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
     CALLS["all_to_all"] += 1
     pg = _group(group)
     world = dist.get_world_size(group=pg)
     if x.shape[scatter_dim] % world:
-        raise RuntimeError(f"autosp::all_to_all: dim {scatter_dim} of size {x.shape[scatter_dim]} "
+        raise RuntimeError(f"autosp_ops::all_to_all: dim {scatter_dim} of size {x.shape[scatter_dim]} "
                            f"does not split over {world} ranks")
     dtype = x.dtype
     if _needs_fp32_transport(x):
@@ -83,7 +88,7 @@ def _all_to_all_backward(ctx, grad):
 all_to_all.register_autograd(_all_to_all_backward, setup_context=_all_to_all_setup)
 
 
-@torch.library.custom_op("autosp::all_reduce_sum", mutates_args=())
+@torch.library.custom_op("autosp_ops::all_reduce_sum", mutates_args=())
 def all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
     CALLS["all_reduce_sum"] += 1
     dtype = x.dtype

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp.*)
+from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp_ops.*)
 from autosp.compiler.api import resolve_candidate
 from autosp.compiler.context import SPContext
 from autosp.compiler.inputs import shard_batch
@@ -20,8 +20,8 @@ from autosp.compiler.passes.mask import is_causal_mask
 from autosp.cost_models.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
-A2A = torch.ops.autosp.all_to_all.default
-ALL_REDUCE = torch.ops.autosp.all_reduce_sum.default
+A2A = torch.ops.autosp_ops.all_to_all.default
+ALL_REDUCE = torch.ops.autosp_ops.all_reduce_sum.default
 
 
 # --- input sharding --------------------------------------------------------------------------------
@@ -284,3 +284,10 @@ def test_loss_pass_refuses_a_sum_loss():
     gm, inputs = capture(OldStyleShift(reduction="sum"), ids, ids.clone())
     with pytest.raises(UsageError, match="reduction='mean'"):
         loss_pass(gm, inputs, context(6))
+
+
+def test_ops_do_not_collide_with_deepspeeds_autosp_namespace():
+    import deepspeed.compile.custom_ops.all_to_all  # noqa: F401  registers DeepSpeed's autosp::all_to_all
+
+    assert "str group" in str(torch.ops.autosp_ops.all_to_all.default._schema)
+    assert "str name" in str(torch.ops.autosp.all_to_all.default._schema)

@@ -1,6 +1,6 @@
 """Attention pass: Ulysses all-to-alls around every ``scaled_dot_product_attention``.
 
-Each rank holds s = S/P tokens of every head. Before attention, ``autosp::all_to_all`` turns q, k and v
+Each rank holds s = S/P tokens of every head. Before attention, ``autosp_ops::all_to_all`` turns q, k and v
 from [B, H, s, d] (sequence-sharded) into [B, H/P, S, d] (head-sharded): every rank now sees the whole
 sequence for H/P heads, and causal attention over it is exact. The output goes back the same way.
 
@@ -28,7 +28,7 @@ from autosp.compiler import ops
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, fail, is_call, is_method, normalized, set_named_args, shape
 
-A2A = torch.ops.autosp.all_to_all.default
+A2A = torch.ops.autosp_ops.all_to_all.default
 
 
 def _peel_repeat_kv(node: fx.Node):

@@ -1,6 +1,6 @@
 """Check pass: prove the rewritten graph has the SP shape, or say exactly what is wrong.
 
-- every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp::all_to_all`` and hands its
+- every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp_ops::all_to_all`` and hands its
   output to one, with no mask and ``is_causal=True``;
 - no s x s mask is left (a tensor computed from booleans, not from the weights: a mask the mask pass
   did not remove), and no matmul of two activations produces one (attention computed by hand instead of by

@@ -44,7 +44,7 @@ from autosp.compiler.passes.common import (
     set_named_args,
 )
 
-ALL_REDUCE = torch.ops.autosp.all_reduce_sum.default
+ALL_REDUCE = torch.ops.autosp_ops.all_reduce_sum.default
 _TRANSPARENT_METHODS = {"view", "reshape", "contiguous", "to", "flatten", "long", "clone", "int"}
 _TRANSPARENT_FUNCTIONS = {torch.reshape, torch.flatten}
 
