@@ -13,6 +13,7 @@ from autosp.errors import UsageError
 _NOT_YET = {"checkpointing": "none", "mlp_chunks": 1, "loss_chunks": 1, "offload_activations": False,
             "overlap": "none"}
 DTYPES = ("fp32", "bf16")
+RECOMPILE_LIMIT = 64
 
 
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
@@ -228,6 +229,9 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
         _keep_zero3_hooks_eager(ds_engine.module)
 
     deepspeed.utils.nvtx.enable_nvtx = False  # as DeepSpeedEngine.compile does: NVTX ranges break graphs
+    # Each distinct (padded) sequence length is one static-shape compilation; allow a training run's worth
+    # (pad_to_multiple_of bounds how many there are).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     module = ds_engine.module
     module.forward = torch.compile(module.forward, backend=make_backend(ctx, backend), dynamic=False,
                                    fullgraph=not ctx.fragments)

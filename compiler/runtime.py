@@ -213,6 +213,10 @@ class SPEngine:
             if inner is not None:
                 raise inner.with_traceback(None) from None
             raise
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            raise UsageError(f"too many distinct sequence lengths ({torch._dynamo.config.recompile_limit} compiled "
+                             f"graphs): pass pad_to_multiple_of= to autosp.compile so lengths fall into fewer "
+                             f"buckets") from None
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
             raise UsageError(_graph_break_message(err)) from None
         losses = ops.CALLS["all_reduce_sum"] - before.get("all_reduce_sum", 0)

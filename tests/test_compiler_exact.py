@@ -62,11 +62,14 @@ class GraphBreakLlama(torch.nn.Module):
 
 
 # --- batches -------------------------------------------------------------------------------------------
-def make_batches(batch=2, seq=32, steps=3, *, position_ids=False, pad_mask=False, labels_are_ids=False, seed=1):
-    """Full batches with ignore_index labels spread unevenly over rows and shards."""
+def make_batches(batch=2, seq=32, steps=3, *, position_ids=False, pad_mask=False, labels_are_ids=False, seed=1,
+                 seqs=None):
+    """Full batches with ignore_index labels spread unevenly over rows and shards (``seqs``: a length per step)."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for step in range(steps):
+        if seqs is not None:
+            seq = seqs[step]
         ids = torch.randint(0, VOCAB, (batch, seq), generator=gen)
         if labels_are_ids:
             item = {"input_ids": ids, "labels": ids}
@@ -102,6 +105,8 @@ Z3 = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}  # partiti
 EXACT = {
     # reference model, positions derived by the model (position pass), S % P != 0 (padding)
     "ref_sp2_pad": (2, reference_llama, dict(seq=31), dict(sp_size=2, micro_batch=2), sgd),
+    # a new sequence length every step: one compilation per padded length, each with its own offsets
+    "ref_sp2_variable_lengths": (2, reference_llama, dict(seqs=(31, 24, 40)), dict(sp_size=2, micro_batch=2), sgd),
     # Inductor; tied embeddings; position_ids passed by the user; AdamW
     "ref_sp2_inductor_tied_position_ids_adamw": (2, lambda: reference_llama(tied=True), dict(seq=32, position_ids=True),
                                                  dict(sp_size=2, micro_batch=2, backend="inductor"), adamw),
