@@ -87,8 +87,9 @@ def resolve_model(arg: str) -> ModelSpec:
         return _spec_from_entry(name, _catalog()[name])
     if _looks_like_path(arg):
         return model_from_hf_config(arg)
-    close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(repr(table[c]) for c in dict.fromkeys(close))}? " if close else ""
+    close = difflib.get_close_matches(key, list(table), n=6, cutoff=0.5)
+    names = list(dict.fromkeys(table[c] for c in close))[:3]  # aliases of one preset suggest it once
+    hint = f"did you mean {' or '.join(repr(n) for n in names)}? " if names else ""
     raise UsageError(f"unknown model {arg!r}; {hint}presets: {', '.join(['llama'] + preset_names())} "
                      "(autosp-plan --list-models describes them), or pass a path to a Hugging Face config.json")
 

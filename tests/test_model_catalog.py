@@ -137,3 +137,12 @@ def test_planning_imports_never_pull_in_torch():
     code = ("import sys, autosp.cost_models, autosp.planner.models, autosp.planner.hardware; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_model_suggests_each_preset_once():
+    with pytest.raises(UsageError) as err:
+        resolve_model("lama")
+    message = str(err.value)
+    assert "did you mean" in message
+    suggested = message.split("did you mean ")[1].split("?")[0].split(" or ")
+    assert len(suggested) == len(set(suggested)) >= 2
