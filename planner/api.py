@@ -30,6 +30,14 @@ def _resolve_model(model) -> ModelSpec:
     return resolve_model(model)
 
 
+def _resolve_model_and_profile(model):
+    """(ModelSpec, graph ModelProfile or None): presets keep the analytic profile; a config.json or a
+    package.module:function is priced by its cached graph profile (autosp.planner.profiles)."""
+    from autosp.planner.profiles import resolve_model_and_profile
+
+    return resolve_model_and_profile(model)
+
+
 def _resolve_hardware(hw, nodes) -> HardwareSpec:
     if nodes is not None:
         nodes = parse_count(nodes, "--nodes")
@@ -72,7 +80,9 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
               top_k: int = 3) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
 
-    ``model``: a preset name, a path to a Hugging Face ``config.json``, or a ModelSpec.
+    ``model``: a preset name, a path to a Hugging Face ``config.json``, a ``package.module:function``
+    model factory, or a ModelSpec. Presets and ModelSpecs are priced by the analytic formulas; a
+    config.json or a factory by its graph-derived profile (traced once, then cached per model fingerprint).
     ``ctx``: tokens per sequence (an int or a string such as ``"200k"``); with ``objective="max-ctx"``
     it may be None, otherwise it is the least context the plan must reach.
     ``hw``: a catalog name (``"h100x8"``), a cluster file, or a HardwareSpec; ``nodes`` overrides its
@@ -89,7 +99,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         seq_len = parse_ctx(ctx)
     if global_batch is not None:
         global_batch = parse_count(global_batch, "--global-batch")
-    model_spec = _resolve_model(model)
+    model_spec, profile = _resolve_model_and_profile(model)
     hw_spec = _resolve_hardware(hw, nodes)
 
     from autosp.planner.evaluator import CTX_GRANULE, Evaluator
@@ -99,7 +109,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     if trials is None:
         trials = DEFAULT_TRIALS
     workload = Workload(seq_len=seq_len or CTX_GRANULE, global_batch=global_batch, dtype=dtype)
-    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp)
+    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile)
     if global_batch is not None and space.size() == 0:
         dps = sorted({hw_spec.world_size // sp for sp in space.sp})
         raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
@@ -108,6 +118,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     request = request_description(model_spec, hw_spec, workload, objective, search, trials, seed,
                                   allow_cross_node_sp, top_k, SPACE_VERSION)
     request["workload"]["seq_len"] = seq_len  # None: max-ctx without a floor
+    if profile is not None:
+        request["model_profile"] = profile.fingerprint  # graph-derived costs: the plan depends on the trace
     store, key = None, None
     if cache is not None and cache is not False:
         from autosp.planner import cache as plan_cache
@@ -166,6 +178,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         "padding_tokens": pad_tokens,
         "padding_fraction": round(pad_fraction, 6),
     }
+    if profile is not None:
+        search_info["model_profile"] = f"graph {profile.fingerprint}"
     if objective == "max-ctx":
         search_info["max_ctx_tokens"] = result.seq_len
         search_info["max_ctx_granule"] = CTX_GRANULE
@@ -347,7 +361,8 @@ def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
         factor = 2
         while hw.nodes * factor <= MAX_SCALE_NODES:
             bigger = replace(hw, nodes=hw.nodes * factor)
-            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross)
+            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
+                              profile=space.profile)
             lean = _leanest(sub, seq_len)
             if lean is not None and lean[1].fits:
                 return bigger.nodes, cross, None

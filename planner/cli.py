@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="autosp-plan", description=DESCRIPTION, epilog=EXAMPLES,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_argument_group("what to train, where")
-    what.add_argument("--model", metavar="M", help="preset name (see --list-models; 'llama' = Llama-3.1-8B) "
-                                                   "or a Hugging Face config.json on disk")
+    what.add_argument("--model", metavar="M", help="preset name (see --list-models; 'llama' = Llama-3.1-8B), "
+                                                   "a Hugging Face config.json on disk or a package.module:function "
+                                                   "model factory (both priced by their graph profile, traced once "
+                                                   "and cached)")
     what.add_argument("--ctx", metavar="C", help="tokens per sequence, e.g. 200k, 1.5M, 128Ki (see below)")
     what.add_argument("--hw", metavar="H", help="cluster: catalog name such as h100x8 (see --list-hardware "
                                                 "and the grammar below) or a cluster .toml file")

@@ -13,6 +13,7 @@ the sequence length, which holds for every term of the cost model.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, Estimate, Workload
@@ -41,7 +42,8 @@ def rank_key(cand: Candidate, est: Estimate) -> tuple:
 
 @dataclass
 class Evaluator:
-    """Calls ``estimate_fn(model, hw, workload, candidate)`` at most once per (candidate, seq_len)."""
+    """Calls ``estimate_fn(model, hw, workload, candidate)`` at most once per (candidate, seq_len); by default
+    the cost model with the space's graph-derived profile when it has one."""
 
     space: object  # autosp.planner.space.SearchSpace
     estimate_fn: object = None
@@ -53,14 +55,15 @@ class Evaluator:
     max_ctx_memo: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        profile = getattr(self.space, "profile", None)  # a graph-derived ModelProfile, or None (analytic)
         if self.estimate_fn is None:
             from autosp.cost_models import estimate
 
-            self.estimate_fn = estimate
+            self.estimate_fn = estimate if profile is None else functools.partial(estimate, profile=profile)
         if self.fits_fn is None:
             from autosp.cost_models import fits
 
-            self.fits_fn = fits
+            self.fits_fn = fits if profile is None else functools.partial(fits, profile=profile)
 
     @property
     def calls(self) -> int:

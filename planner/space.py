@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
@@ -189,6 +189,9 @@ class SearchSpace:
     offload_activations: tuple[bool, ...] = OFFLOAD
     overlap: tuple[str, ...] = OVERLAP_SCHEDULES
     offload_optimizer: tuple[bool, ...] = OFFLOAD
+    profile: object = field(default=None, compare=False, repr=False)
+    """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
+    is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
     KNOBS = ("sp", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
              "offload_activations", "overlap", "offload_optimizer")
@@ -221,7 +224,7 @@ class SearchSpace:
 
     def with_workload(self, workload: Workload) -> "SearchSpace":
         """The space of the same request at another workload (the tiling choices depend on its length)."""
-        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp)
+        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile)
 
     def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
         """The knob values valid together with ``sp`` (every rule is separable once sp is fixed)."""
@@ -300,8 +303,9 @@ class SearchSpace:
                         yield other
 
 def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cross_node_sp: bool = False,
-                micro_batches: tuple[int, ...] | None = None) -> SearchSpace:
-    """The space for one request. ``micro_batches`` overrides the micro-batch choices (max-ctx uses 1)."""
+                micro_batches: tuple[int, ...] | None = None, profile=None) -> SearchSpace:
+    """The space for one request. ``micro_batches`` overrides the micro-batch choices (max-ctx uses 1);
+    ``profile`` is the model's graph-derived ModelProfile (None: the analytic one of ``model``)."""
     valid, excluded = [], []
     for sp in divisors(hw.world_size):
         reason = sp_reason(model, hw, sp, allow_cross_node_sp)
@@ -320,4 +324,4 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
         mb = mb or (1,)
     return SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
                        sp=tuple(valid), excluded_sp=tuple(excluded), micro_batch=mb, mlp_chunks=mlp,
-                       loss_chunks=loss)
+                       loss_chunks=loss, profile=profile)

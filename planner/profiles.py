@@ -1,0 +1,87 @@
+"""Which cost profile prices a ``--model``: the analytic one for presets, a graph-derived one otherwise.
+
+- A preset name (or a :class:`ModelSpec`) is priced by the hand-derived formulas of docs/cost_model.md
+  (``analytic_profile``), exactly as before: planning a preset never imports torch.
+- A Hugging Face ``config.json`` (a file or a directory holding one) or an ``nn.Module`` factory
+  ``package.module:function`` is priced by its graph profile
+  (:func:`autosp.cost_models.graph_profile.load_or_build`, docs/graph_profile.md): the model is traced
+  once under FakeTensorMode (seconds, with progress on stderr) and the profile is cached per model
+  fingerprint, so the next plan for the same model reads one JSON file and does not import torch.
+  The plan's ModelSpec is ``profile.model_spec()`` (the traced widths); for a config.json the fields a
+  trace cannot see (norm kind, RoPE theta, max positions) come from the config itself.
+
+If tracing a config.json fails (e.g. the installed transformers does not know its architecture), the
+planner says so on stderr and falls back to the analytic formulas for the config's widths; an entry
+point has no such fallback and fails with a usage error.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+from autosp.cost_models.profile import ModelProfile
+from autosp.cost_models.specs import ModelSpec
+from autosp.errors import UsageError
+
+
+def _is_entry_point(arg: str) -> bool:
+    module, sep, attr = arg.partition(":")
+    return bool(sep and module and attr and all(p.isidentifier() for p in module.split(".") + attr.split(".")))
+
+
+def _say(message: str) -> None:
+    print(f"autosp-plan: {message}", file=sys.stderr, flush=True)
+
+
+def _load(arg: str) -> ModelProfile:
+    from autosp.cost_models import graph_profile
+
+    key = graph_profile.fingerprint(arg)
+    if graph_profile.read_cached(key) is None:
+        _say(f"{arg} is not a preset: tracing it once to derive its cost profile (cached as "
+             f"{graph_profile.cache_path(key)}) ...")
+    return graph_profile.load_or_build(arg)
+
+
+def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
+    """(ModelSpec, graph ModelProfile or None for the analytic formulas) of a ``--model`` argument."""
+    if isinstance(model, ModelSpec):
+        return model, None
+    if isinstance(model, ModelProfile):
+        return (model.model_spec(), None) if model.source == "analytic" else (model.model_spec(), model)
+    if not isinstance(model, str) or not model.strip():
+        raise UsageError(f"--model must be a preset name, a path to a config.json or package.module:function, "
+                         f"got {model!r}")
+    from autosp.planner import models
+
+    arg = model.strip()
+    if arg.lower() in models._alias_table():
+        return models.resolve_model(arg), None
+    if models._looks_like_path(arg):
+        parsed = models.resolve_model(arg)  # a clear UsageError for a missing or malformed config
+        try:
+            profile = _load(arg)
+        except Exception as err:  # noqa: BLE001 - any tracing failure falls back to the formulas, loudly
+            _say(f"warning: could not trace {arg} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                 "planning with the analytic Llama-block formulas for its widths instead")
+            return parsed, None
+        spec = profile.model_spec()
+        spec = replace(spec, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
+                       source=f"graph profile {profile.fingerprint} of {parsed.source}")
+        return spec, profile
+    if _is_entry_point(arg):
+        from autosp.cost_models import graph_profile
+
+        module = arg.partition(":")[0]
+        if graph_profile._module_file(module) is None:
+            raise UsageError(f"cannot find the module {module!r} of the model entry point {arg} on the Python path "
+                             "(PYTHONPATH); --model takes a preset, a config.json or package.module:function")
+        try:
+            profile = _load(arg)
+        except Exception as err:  # noqa: BLE001 - one line, whatever the factory raised
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise UsageError(f"cannot profile the model entry point {arg}: {type(err).__name__}: {first}") from None
+        spec = profile.model_spec()
+        return replace(spec, source=f"graph profile {profile.fingerprint} of {arg}"), profile
+    return models.resolve_model(arg), None  # unknown preset: its UsageError suggests close names
