@@ -105,6 +105,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     from autosp.planner.evaluator import CTX_GRANULE, Evaluator
     from autosp.planner.search import DEFAULT_TRIALS
     from autosp.planner.space import SPACE_VERSION, build_space
+    from autosp.planner.versions import code_version, cost_model_version
 
     if trials is None:
         trials = DEFAULT_TRIALS
@@ -126,7 +127,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
 
         store = plan_cache.open_store(None if cache is True else cache)
         key = plan_cache.request_key(request)
-        hit = _cached_plan(store, key, started)
+        hit = _cached_plan(store, key, started, request)
         if hit is not None:
             store.close()
             return hit
@@ -170,6 +171,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         "evaluations": result.evaluations,
         "space_size": space.with_workload(workload).size(),
         "space_version": SPACE_VERSION,
+        "cost_model_version": cost_model_version(),
+        "code_version": code_version(),
         "seed": seed,
         "allow_cross_node_sp": allow_cross_node_sp,
         "search_wall_time_s": round(search_seconds, 4),
@@ -195,9 +198,33 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     return plan
 
 
-def _cached_plan(store, key: str, started: float) -> Plan | None:
+def _mismatch(plan: Plan, request: dict) -> str | None:
+    """Why a cached plan does not answer ``request`` (a hand-edited or damaged row), or None."""
+    if plan.model.fingerprint() != request.get("model"):
+        return "its model differs from the request's"
+    if plan.hardware.fingerprint() != request.get("hardware"):
+        return "its hardware differs from the request's"
+    if plan.objective != request.get("objective"):
+        return "its objective differs from the request's"
+    wanted = request.get("workload") or {}
+    w = plan.workload
+    if (w.dtype, w.global_batch, w.optimizer) != (wanted.get("dtype"), wanted.get("global_batch"),
+                                                  wanted.get("optimizer")):
+        return "its workload differs from the request's"
+    if wanted.get("seq_len") is not None and (w.seq_len < wanted["seq_len"] if plan.objective == "max-ctx"
+                                              else w.seq_len != wanted["seq_len"]):
+        return "its context length differs from the request's"
+    if plan.search.get("space_version") != request.get("space_version"):
+        return "it comes from another search-space version"
+    return None
+
+
+def _cached_plan(store, key: str, started: float, request: dict | None = None) -> Plan | None:
+    """The cached plan for ``key``, checked to be a valid plan answering ``request``; anything else is a
+    miss, deleted, with one warning."""
     import json
 
+    from autosp.planner.cache import warn_once
     from autosp.planner.plan import plan_from_dict
 
     text = store.get(key)
@@ -205,8 +232,14 @@ def _cached_plan(store, key: str, started: float) -> Plan | None:
         return None
     try:
         plan = plan_from_dict(json.loads(text))
-    except (ValueError, UsageError):
-        store.delete(key)  # unreadable row: a miss, and gone
+        why = _mismatch(plan, request) if request is not None else None
+    except (ValueError, UsageError) as err:
+        why = f"its plan does not parse ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    except Exception as err:  # noqa: BLE001 - a damaged row must never crash planning
+        why = f"its plan does not parse ({type(err).__name__})"
+    if why is not None:
+        warn_once(f"plan cache {store.location}: ignored and deleted a cached plan because {why}; searching again")
+        store.delete(key)  # a miss, and gone
         return None
     search = dict(plan.search, cache="hit", cache_location=store.location,
                   wall_time_s=round(time.perf_counter() - started, 4))

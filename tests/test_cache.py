@@ -87,12 +87,56 @@ def test_unusable_location_disables_the_cache_without_failing(tmp_path, capsys):
     assert "planning without a cache" in capsys.readouterr().err
 
 
-def test_urls_other_than_sqlite_are_a_usage_error(tmp_path):
+def test_locations_paths_sqlite_urls_and_database_urls(monkeypatch, tmp_path):
     from autosp.errors import UsageError
+    from autosp.planner.cache import SQLAlchemyPlanStore, default_cache_location
 
-    with pytest.raises(UsageError):
-        open_store("postgresql://db/plans")
-    assert isinstance(open_store(f"sqlite:///{tmp_path}/p.sqlite"), SQLitePlanStore)
+    assert isinstance(open_store(f"sqlite:///{tmp_path}/p.sqlite"), SQLitePlanStore)  # same file format as a path
+    assert isinstance(open_store(f"sqlite+pysqlite:///{tmp_path}/q.db"), SQLAlchemyPlanStore)
+    with pytest.raises(UsageError, match="not a database URL|nosuchdialect"):
+        open_store("nosuchdialect://db/plans")
+    monkeypatch.setenv("AUTOSP_CACHE", "postgresql+psycopg://u@db/plans")
+    assert default_cache_location() == "postgresql+psycopg://u@db/plans"
+    monkeypatch.setenv("AUTOSP_CACHE", str(tmp_path / "x.sqlite"))
+    assert default_cache_location() == tmp_path / "x.sqlite"
+
+
+def test_schema_1_file_is_migrated_in_place(tmp_path, capsys):
+    """A cache written by the first autosp release keeps its plans: columns are added and filled."""
+    import json
+
+    path = tmp_path / "plans.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE plans (key TEXT PRIMARY KEY, created_at TEXT NOT NULL, "
+                 "autosp_version TEXT NOT NULL, request TEXT NOT NULL, plan TEXT NOT NULL)")
+    conn.execute("INSERT INTO plans VALUES ('k', 'then', '0.1.0', ?, '{\"old\": true}')", (json.dumps(REQUEST),))
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    cache_mod._warned.clear()
+    store = SQLitePlanStore(path)
+    assert "migrated 1 cached plan(s) from schema 1 to 2" in capsys.readouterr().err
+    assert store.get("k") == '{"old": true}'
+    assert store._conn.execute("SELECT model_fingerprint, hardware_fingerprint, objective, seq_len FROM plans"
+                               ).fetchone() == ("abc", "def", "throughput", 200000)
+    store.close()
+    again = SQLitePlanStore(path)  # opens as schema 2 without a word
+    assert capsys.readouterr().err == "" and again.get("k") == '{"old": true}'
+    assert not _corrupt_files(tmp_path)
+
+
+def test_newer_schema_is_left_alone(tmp_path, capsys):
+    path = tmp_path / "plans.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE plans (key TEXT PRIMARY KEY, whatever TEXT)")
+    conn.execute("PRAGMA user_version = 7")
+    conn.commit()
+    conn.close()
+    cache_mod._warned.clear()
+    store = SQLitePlanStore(path)
+    assert store.disabled and "newer autosp" in capsys.readouterr().err
+    assert store.get("k") is None
+    assert not _corrupt_files(tmp_path)  # not moved aside: the newer autosp still uses it
 
 
 def _writer(path, worker, n, barrier):
@@ -147,6 +191,21 @@ def test_make_plan_uses_the_cache(tmp_path):
     for key in keys:
         store.put(key, '{"schema_version": 1, "model": {}}', {})
     store.close()
+    cache_mod._warned.clear()
     again = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
     assert again.search["cache"] == "miss" and again.candidate == first.candidate
     assert make_plan("llama-3.2-1b", "8k", "h100x2", **args).search["cache"] == "hit"
+    # a row that parses but answers another request (another model) is a miss too, never returned
+    import json
+    from dataclasses import replace
+
+    store = SQLitePlanStore(path)
+    key = store._conn.execute("SELECT key FROM plans WHERE seq_len = 8000 AND plan LIKE '%\"seed\": 0%' "
+                              "AND plan NOT LIKE '%\"global_batch\": 4%'").fetchall()
+    other = make_plan("llama-3.2-3b", "8k", "h100x2", trials=20, seed=0, cache=None)
+    for (k,) in key:
+        store.put(k, other.to_json(), {})
+    store.close()
+    cache_mod._warned.clear()
+    fresh = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+    assert fresh.search["cache"] == "miss" and fresh.model == first.model

@@ -1,0 +1,66 @@
+"""Shared fixtures.
+
+``pg_url``: a fresh, empty PostgreSQL database for one test (an SQLAlchemy URL, psycopg 3), dropped
+afterwards. The server comes from ``$AUTOSP_TEST_PG_URL`` (``.ci/run`` starts a throwaway one and sets
+it; its user must be allowed to create databases), else this session starts its own throwaway server
+with ``.ci/pg-server`` when PostgreSQL's binaries are installed. Without either the test is skipped,
+except under ``AUTOSP_CI=1`` (what ``.ci/run`` sets), where a missing server is a failure: CI never
+skips the PostgreSQL tests silently.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+PG_SERVER = Path(__file__).resolve().parent.parent / ".ci" / "pg-server"
+
+
+def _unavailable(why: str):
+    if os.environ.get("AUTOSP_CI") == "1":
+        pytest.fail(f"PostgreSQL tests cannot run in CI: {why}", pytrace=False)
+    pytest.skip(f"no PostgreSQL: {why} (set AUTOSP_TEST_PG_URL, or install PostgreSQL; see README)")
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The server URL (an admin database on it), or a skip / failure as the module doc says."""
+    url = os.environ.get("AUTOSP_TEST_PG_URL")
+    if url:
+        yield url
+        return
+    if os.environ.get("AUTOSP_CI") == "1":
+        _unavailable("AUTOSP_CI=1 but AUTOSP_TEST_PG_URL is unset (.ci/run sets it)")
+    try:
+        out = subprocess.run([str(PG_SERVER), "start"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        _unavailable(f"could not start one with .ci/pg-server ({err})")
+    if out.returncode != 0:
+        _unavailable(f"could not start one with .ci/pg-server ({out.stderr.strip().splitlines()[-1:]})")
+    url, directory = out.stdout.split()[:2]
+    try:
+        yield url
+    finally:
+        subprocess.run([str(PG_SERVER), "stop", directory], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh database on the test server, dropped after the test."""
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(pg_server, isolation_level="AUTOCOMMIT")
+    name = f"autosp_t_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
