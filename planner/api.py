@@ -77,7 +77,8 @@ def request_description(model: ModelSpec, hw: HardwareSpec, workload: Workload, 
 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
-              top_k: int = 3) -> Plan:
+              top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
+              measure=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
 
     ``model``: a preset name, a path to a Hugging Face ``config.json``, a ``package.module:function``
@@ -86,11 +87,29 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     ``ctx``: tokens per sequence (an int or a string such as ``"200k"``); with ``objective="max-ctx"``
     it may be None, otherwise it is the least context the plan must reach.
     ``hw``: a catalog name (``"h100x8"``), a cluster file, or a HardwareSpec; ``nodes`` overrides its
-    node count. ``cache``: None (no cache), True (the default cache file) or a path.
+    node count. ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a
+    database URL (:mod:`autosp.planner.cache`).
+    ``storage``: an Optuna storage URL shared by several planner workers (``study_name``: the study in it,
+    default derived from the request; ``worker``: this worker's id on its trials); ``trials=0`` then
+    runs no sampler trials and answers from the study as it is (:mod:`autosp.planner.study`).
+    ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its ``k``): run the top-k
+    measurable candidates with autosp-train and choose by the measurement (:mod:`autosp.planner.measure`).
+    A shared study or a measurement bypasses the plan cache.
     Raises UsageError for bad input and InfeasibleError when nothing fits.
     """
     started = time.perf_counter()
-    trials = _check_options(objective, search, dtype, trials, top_k, seed)
+    collect_only = storage is not None and trials is not None and str(trials).strip() == "0"
+    if storage is None and (study_name is not None or worker is not None):
+        raise UsageError("--study-name and --worker-id need --storage")
+    if storage is not None and (search != "optuna" or objective != "throughput"):
+        raise UsageError("--storage (a shared Optuna study) works with --search optuna and --objective throughput")
+    if isinstance(measure, int) and not isinstance(measure, bool):
+        from autosp.planner.measure import MeasureOptions
+
+        measure = MeasureOptions(k=measure) if measure else None
+    if measure is not None and objective != "throughput":
+        raise UsageError("--measure works with --objective throughput")
+    trials = _check_options(objective, search, dtype, None if collect_only else trials, top_k, seed)
     if ctx is None:
         if objective != "max-ctx":
             raise UsageError("--ctx is required (except with --objective max-ctx)")
@@ -108,7 +127,9 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     from autosp.planner.versions import code_version, cost_model_version
 
     if trials is None:
-        trials = DEFAULT_TRIALS
+        trials = 0 if collect_only else DEFAULT_TRIALS
+    if measure is not None:
+        measure = measure.check(hw_spec)
     workload = Workload(seq_len=seq_len or CTX_GRANULE, global_batch=global_batch, dtype=dtype)
     space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile)
     if global_batch is not None and space.size() == 0:
@@ -121,8 +142,16 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     request["workload"]["seq_len"] = seq_len  # None: max-ctx without a floor
     if profile is not None:
         request["model_profile"] = profile.fingerprint  # graph-derived costs: the plan depends on the trace
+    shared = None
+    if storage is not None:
+        from autosp.planner.study import Shared, default_worker, study_key
+
+        skey = study_key(request)
+        shared = Shared(storage=storage, study_name=study_name or f"autosp-{skey[:12]}", request_key=skey,
+                        summary=f"{model_spec.name} at {format_tokens(workload.seq_len)} tokens on {hw_spec.name}",
+                        worker=worker or default_worker(), collect_only=collect_only)
     store, key = None, None
-    if cache is not None and cache is not False:
+    if cache is not None and cache is not False and shared is None and measure is None:
         from autosp.planner import cache as plan_cache
 
         store = plan_cache.open_store(None if cache is True else cache)
@@ -138,10 +167,12 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         from autosp.planner import search as optuna_search
 
         if objective == "throughput":
-            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed)
+            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared)
         else:
             result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed)
-        sampler = f"optuna TPESampler(multivariate, seed={seed}) + warm starts + local refinement"
+        sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + local refinement" if shared is None
+                   else f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + local "
+                        f"refinement, shared study {shared.study_name!r}")
     else:
         from autosp.planner import exhaustive
 
@@ -163,6 +194,19 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         workload = replace(workload, seq_len=result.seq_len)
 
     runner_ups = explain_runner_ups(result, evaluator, objective, top_k)
+    measured = None
+    if measure is not None:
+        from autosp.planner import measure as measuring
+
+        def plan_for(c, e):
+            return Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=c, estimate=e,
+                        objective=objective, search={"strategy": "measure", "space_version": SPACE_VERSION})
+
+        outcome = measuring.measure(space, evaluator, result, measure, trials, seed, plan_for,
+                                    worker=shared.worker if shared is not None else "local")
+        cand, est = outcome.chosen
+        measured = outcome.table
+        runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
     pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp)
     search_info = {
         "strategy": search,
@@ -188,6 +232,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         search_info["max_ctx_granule"] = CTX_GRANULE
     if result.details:
         search_info.update({k: v for k, v in result.details.items() if k != "space_size"})
+    if measured is not None:
+        search_info["measured"] = measured
     if space.excluded_sp:
         search_info["excluded_sp"] = {str(sp): why for sp, why in space.excluded_sp}
     plan = Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=cand, estimate=est,

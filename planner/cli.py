@@ -38,7 +38,21 @@ context lengths (--ctx):
 
 plan cache:
   identical requests are answered from $AUTOSP_CACHE, else $XDG_CACHE_HOME/autosp/plans.sqlite,
-  else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it).
+  else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it). --cache and
+  $AUTOSP_CACHE also take a database URL shared by a team and its CI, e.g.
+  postgresql+psycopg://user@host/db (pip install 'autosp[db]'); see docs/shared-planning.md.
+
+distributed search (several workers, one Optuna study):
+  autosp-plan ... --storage postgresql+psycopg://user@host/db --trials 30     # on each machine
+  autosp-plan ... --storage postgresql+psycopg://user@host/db --trials 0      # the plan of the whole study
+  (sqlite:///path.db for workers on one machine; same request on every worker)
+
+measured trials (run the best candidates for a few steps with autosp-train, choose by measurement):
+  autosp-plan --model cfg.json --ctx 2k --hw cpu2.toml --dtype fp32 --measure 3 --measure-backend aot_eager
+
+subcommands (autosp-plan SUBCOMMAND --help):
+  check PLAN_OR_DS_CONFIG   is a committed plan still valid, feasible and near the best? (CI; exit 0/3/4)
+  select --candidates F...  pick the best still-feasible plan among files (CI)
 
 batch sizes:
   without --global-batch each data-parallel replica trains micro-batch sequences per step
@@ -93,8 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--allow-cross-node-sp", action="store_true",
                      help="let an SP group span nodes (its all-to-alls then use the inter-node links)")
     cache = how.add_mutually_exclusive_group()
-    cache.add_argument("--cache", metavar="PATH", help="plan cache file (default: see 'plan cache' below)")
+    cache.add_argument("--cache", metavar="PATH|URL", help="plan cache file or database URL (default: see "
+                                                           "'plan cache' below)")
     cache.add_argument("--no-cache", action="store_true", help="neither read nor write the plan cache")
+
+    dist = p.add_argument_group("distributed search (a shared Optuna study; bypasses the plan cache)")
+    dist.add_argument("--storage", metavar="URL", help="Optuna storage shared by the workers: sqlite:///study.db or "
+                                                       "postgresql+psycopg://user@host/db; --trials N is this "
+                                                       "worker's share, --trials 0 only reads the study")
+    dist.add_argument("--study-name", metavar="NAME", help="study in the storage (default: derived from the request, "
+                                                           "so identical commands join the same study)")
+    dist.add_argument("--worker-id", metavar="ID", help="this worker's name on its trials (default host:pid)")
+
+    meas = p.add_argument_group("measured trials (bypass the plan cache)")
+    meas.add_argument("--measure", metavar="K", nargs="?", const=3, type=int,
+                      help="run the K best candidates autosp-train accepts (default 3) for a few steps on this "
+                           "machine and choose the plan by measured tokens/s")
+    meas.add_argument("--measure-steps", metavar="N", type=int, default=3, help="measured steps per candidate (default 3)")
+    meas.add_argument("--measure-warmup", metavar="N", type=int, default=1,
+                      help="steps dropped first (compilation; default 1)")
+    meas.add_argument("--measure-backend", choices=("inductor", "aot_eager"), default="inductor",
+                      help="autosp-train --backend (default inductor; aot_eager compiles faster on CPU)")
+    meas.add_argument("--measure-launcher", metavar="TEMPLATE",
+                      help="command that starts autosp-train on {world} processes; the train arguments are "
+                           "appended. Default: '{python} -m torch.distributed.run --standalone --nproc-per-node "
+                           "{world} -m autosp.compiler.train_cli'. Placeholders: {python} {world} {nodes} {per_node}")
+    meas.add_argument("--measure-timeout", metavar="S", type=float, default=900.0,
+                      help="seconds one measured run may take (default 900)")
+    meas.add_argument("--measure-dir", metavar="DIR", help="keep the measured plans and step logs in DIR")
 
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan JSON (docs/plan-schema.md) and nothing else")
@@ -138,7 +178,15 @@ def _hardware_rows(specs) -> list[str]:
     return rows
 
 
+SUBCOMMANDS = ("check", "select")
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from autosp.planner import check
+
+        return check.main(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_models or args.list_hardware:
         if args.list_models:
@@ -161,10 +209,18 @@ def main(argv=None) -> int:
 
     from autosp.planner.api import make_plan
 
+    measure = None
+    if args.measure is not None:
+        from autosp.planner.measure import MeasureOptions
+
+        measure = MeasureOptions(k=args.measure, steps=args.measure_steps, warmup=args.measure_warmup,
+                                 backend=args.measure_backend, launcher=args.measure_launcher,
+                                 timeout_s=args.measure_timeout, keep_dir=args.measure_dir)
     plan = make_plan(args.model, args.ctx, args.hw, nodes=args.nodes, objective=args.objective,
                      global_batch=args.global_batch, dtype=args.dtype, search=args.search, trials=args.trials,
                      seed=args.seed, cache=None if args.no_cache else (args.cache or True),
-                     allow_cross_node_sp=args.allow_cross_node_sp)
+                     allow_cross_node_sp=args.allow_cross_node_sp, storage=args.storage,
+                     study_name=args.study_name, worker=args.worker_id, measure=measure)
 
     from autosp.planner.plan import save_plan, write_text_atomically
 

@@ -148,6 +148,7 @@ class SearchResult:
     trials: int = 0
     max_ctx: dict = field(default_factory=dict)  # Candidate -> longest context it fits (max-ctx only)
     details: dict = field(default_factory=dict)
+    study: object = None  # the optuna Study behind an Optuna search (measured trials are recorded in it)
 
     @property
     def best(self):

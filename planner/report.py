@@ -101,6 +101,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         lines.append(f"  note: {note}")
     lines.append("")
 
+    measured = plan.search.get("measured")
+    if measured:
+        lines.extend(_measured_lines(measured, plan.candidate))
     if plan.runner_ups:
         lines.append("Runner-ups (why they lost)")
         for i, r in enumerate(plan.runner_ups, 1):
@@ -119,7 +122,48 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
                  f"evaluations, space of {s.get('space_size', 0):,} candidates (space {s.get('space_version', '?')})"
                  f"; cache {cache}")
     lines.append(f"Search   {where}")
+    study = s.get("study")
+    if study:
+        lines.append(f"Study    {study.get('study_name')} in {study.get('storage')}: {study.get('trials_in_study')} "
+                     f"trials from workers {', '.join(study.get('workers', []))} (this one: {study.get('worker')})")
     lines.append(f"Wall     {format_seconds(s.get('wall_time_s', 0.0))}{' (cached)' if cache == 'hit' else ''}")
     if written:
         lines.append(f"Wrote    {', '.join(written)}")
     return "\n".join(lines) + "\n"
+
+
+def _measured_lines(measured: dict, chosen) -> list[str]:
+    """The predicted-vs-measured table of ``--measure``."""
+    from autosp.cost_models.specs import Candidate
+
+    lines = [f"Measured (autosp-train, {measured.get('warmup_steps')} warm-up + {measured.get('steps')} steps, "
+             f"backend {measured.get('backend')}; chosen by {measured.get('chosen_by')})"]
+    head = f"  {'#':>2}  {'candidate':<44}{'pred s/step':>12}{'meas s/step':>12}{'pred tok/s':>12}{'meas tok/s':>12}" \
+           f"{'pred mem':>11}{'meas mem':>11}"
+    lines.append(head)
+    for row in measured.get("results", []):
+        p, m = row.get("predicted", {}), row.get("measured") or {}
+        mark = "*" if Candidate(**row["candidate"]) == chosen else " "
+        if m:
+            meas = (f"{m['step_time_s']:>12.3f}{'':>0}", f"{m['tokens_per_second']:>12,.0f}",
+                    f"{m['peak_memory_bytes'] / GIB:>7.2f} GiB")
+        else:
+            meas = (f"{'-':>12}", f"{'-':>12}", f"{'-':>11}")
+        lines.append(f"{mark}{row['rank_predicted']:>2}  {row['short']:<44}{p.get('step_time_s', 0):>12.3f}{meas[0]}"
+                     f"{p.get('tokens_per_second', 0):>12,.0f}{meas[1]}{p.get('peak_memory_bytes', 0) / GIB:>7.2f} GiB"
+                     f"{meas[2]:>11}")
+        if row.get("status") != "ok":
+            lines.append(f"      {row.get('status')}")
+    kind = next((r["measured"].get("memory_kind") for r in measured.get("results", []) if r.get("measured")), None)
+    if kind:
+        lines.append(f"  measured memory: peak {kind} of rank 0 (predicted: per-device peak)")
+    rejected = measured.get("rejected_knob_values") or {}
+    if rejected:
+        lines.append("  not measurable yet (autosp-train rejects): " + "; ".join(
+            f"{k}={'/'.join(v)}" for k, v in rejected.items()))
+    best = measured.get("cost_model_best")
+    if best and not best.get("measurable", True):
+        lines.append(f"  the cost model's best overall ({best['short']}, {best['tokens_per_second']:,.0f} tokens/s "
+                     "predicted) cannot be measured yet")
+    lines.append("")
+    return lines

@@ -29,7 +29,7 @@ Trials proposing a candidate already scored cost no cost-model call (the evaluat
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 
@@ -86,24 +86,39 @@ def _knobs_of(space, cand) -> dict:
 
 
 class _Study:
-    """An Optuna study over ``space``'s knobs with a given per-candidate objective."""
+    """An Optuna study over ``space``'s knobs with a given per-candidate objective; in memory, or shared
+    with other workers through a storage (``shared``: :class:`autosp.planner.study.Shared`)."""
 
-    def __init__(self, space, seed: int, trials: int, value_fn, label: str):
+    def __init__(self, space, seed: int, trials: int, value_fn, label: str, shared=None):
         self.optuna = _import_optuna()
         self.space = space
         self.value_fn = value_fn  # cand -> (value, constraints dict)
         self.trials = trials
         self.label = label
+        self.shared = shared
+        self.worker = shared.worker if shared is not None else "local"
         n_startup = max(5, min(20, trials // 6))
-        self.study = self.optuna.create_study(direction="maximize", sampler=_sampler(self.optuna, seed, n_startup))
+        if shared is None:
+            self.study = self.optuna.create_study(direction="maximize",
+                                                  sampler=_sampler(self.optuna, seed, n_startup))
+            self.enqueued = []
+        else:
+            from autosp.planner.study import open_study
+
+            sampler = _sampler(self.optuna, shared.sampler_seed(seed), n_startup)
+            self.study = open_study(self.optuna, shared, sampler)
         self.n_trials = 0
+        self.enqueued: list[dict] = []
 
     def _objective(self, trial):
         choices = self.space.choices()
         knobs = {k: trial.suggest_categorical(k, list(choices[k])) for k in self.space.KNOBS}
         cand = self.space.make_nearest(**knobs)
         value, constraints = self.value_fn(cand)
-        trial.set_user_attr("candidate", repr(cand))
+        trial.set_user_attr("candidate", asdict(cand))
+        trial.set_user_attr("worker", self.worker)
+        trial.set_user_attr("source", "enqueued" if trial.params in self.enqueued else "sampler")
+        trial.set_user_attr("fits", all(v <= 0 for v in constraints.values()))
         _set_constraints(self.optuna, trial, constraints)
         return value
 
@@ -116,7 +131,11 @@ class _Study:
     def enqueue(self, knob_sets) -> int:
         count = 0
         for knobs in knob_sets:
-            self.study.enqueue_trial(knobs)
+            self.enqueued.append(dict(knobs))
+            if self.shared is None:
+                self.study.enqueue_trial(knobs)
+            else:  # once per study, whichever worker comes first
+                self.study.enqueue_trial(knobs, skip_if_exists=True)
             count += 1
         return count
 
@@ -269,7 +288,11 @@ def _distinct_starts(ranked, k: int) -> list:
 
 
 def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
-                      seq_len: int | None = None, label: str = "optuna") -> SearchResult:
+                      seq_len: int | None = None, label: str = "optuna", shared=None) -> SearchResult:
+    """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.study.Shared`) the study
+    lives in a storage other workers share: the refinement starts from every worker's trials, records
+    what it finds as trials, and the result ranks the study's trials (its best is the study's best
+    feasible trial). ``trials`` = 0 is allowed only then: no sampler trials, just refine and read."""
     seq = space.workload.seq_len if seq_len is None else seq_len
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
 
@@ -281,10 +304,17 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         excess = (est.memory.total - est.capacity_bytes) / est.capacity_bytes
         return est.tokens_per_second, {"valid": 0.0, "memory": excess}
 
-    study = _Study(target, seed, trials, value_fn, label)
+    study = _Study(target, seed, trials, value_fn, label, shared=shared)
     bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS + 3, label)
-    study.run(study.enqueue(warm_starts(target)), bar)
-    study.run(max(0, trials - study.n_trials), bar)
+    if shared is None or not shared.collect_only:
+        study.run(study.enqueue(warm_starts(target)), bar)
+        study.run(max(0, trials - study.n_trials), bar)
+    if shared is not None:
+        from autosp.planner.study import finished_candidates
+
+        for cand in finished_candidates(study.optuna, study.study):  # every worker's trials
+            if not target.reason(cand):
+                evaluator(cand, seq)
     after_trials = evaluator.calls
 
     keys = {}
@@ -325,12 +355,36 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
             if done is not None:
                 yield done
 
-        hill_climb(target, min(ends, key=key), better, fits, faster, with_completions)
+        ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
     bar.close()
-    return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked_at(evaluator, seq),
-                        evaluations=evaluator.calls, trials=study.n_trials,
-                        details={"trial_evaluations": after_trials,
-                                 "refine_evaluations": evaluator.calls - after_trials})
+    ranked = ranked_at(evaluator, seq)
+    details = {"trial_evaluations": after_trials, "refine_evaluations": evaluator.calls - after_trials}
+    if shared is not None:
+        ranked, details["study"] = _record_and_rank(study, target, evaluator, seq, ranked, ends)
+    return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked, evaluations=evaluator.calls,
+                        trials=study.n_trials, details=details, study=study.study)
+
+
+def _record_and_rank(study, target, evaluator, seq, ranked, ends):
+    """Shared study: add the refinement's results (the best candidate scored here, and each climb's
+    end) as trials, then rank the study's finished trials, best first; and describe the study."""
+    from autosp.planner.study import add_trial, display, finished_candidates, summary_of
+
+    optuna = study.optuna
+    present = set(finished_candidates(optuna, study.study))
+    best_here = next((c for c, e in ranked if e.fits), None)
+    for cand in ([best_here] if best_here is not None else []) + list(ends):
+        if cand not in present and not target.reason(cand):
+            add_trial(optuna, study.study, target, cand, evaluator(cand, seq), "refine", study.worker)
+            present.add(cand)
+    in_study = set(finished_candidates(optuna, study.study))
+    for cand in in_study:
+        if not target.reason(cand):
+            evaluator(cand, seq)
+    ranked = [(c, e) for c, e in ranked_at(evaluator, seq) if c in in_study]
+    info = {"storage": display(study.shared.storage), "study_name": study.shared.study_name,
+            "worker": study.worker, **summary_of(optuna, study.study)}
+    return ranked, info
 
 
 def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0) -> SearchResult:

@@ -23,7 +23,7 @@ _PLANNER = Path(__file__).resolve().parent
 _COST_MODELS = _PLANNER.parent / "cost_models"
 
 PRESENTATION = frozenset({"cli.py", "report.py", "cache.py", "ds_config.py", "check.py", "measure.py",
-                          "versions.py", "study.py"})
+                          "versions.py"})
 """Planner modules that never change which plan comes out (left out of :func:`code_version`)."""
 
 

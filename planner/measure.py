@@ -1,0 +1,375 @@
+"""Measured trials (``autosp-plan --measure K``): run the cost model's best candidates for a few real steps
+with ``autosp-train`` on this machine and let the measurement choose the plan.
+
+1. **What autosp-train accepts.** Plan knobs still being implemented in the compiler are rejected by
+   ``autosp-train``. The planner does not hard-code which: it asks the compiler's own validation
+   (:func:`autosp.compiler.api.resolve_candidate`, the check ``autosp.compile`` and ``autosp-train``
+   run before anything else) in a subprocess, so the planner process never imports the compiler, torch
+   or DeepSpeed. It probes one variant per knob value of the search space (from the simplest
+   candidate), keeps the values the compiler accepts, and says which it excluded and why.
+2. **Top-k by prediction.** The accepted sub-space is searched with the same cost model (exhaustively
+   when small, else with the same Optuna search); its ``K`` best fitting candidates are probed once
+   more as a whole, and measured.
+3. **Measure.** Each candidate is written as a plan file and run by ``autosp-train --plan`` for
+   ``warmup + steps`` optimizer steps, launched with ``torchrun --standalone --nproc-per-node {world}``
+   (world = the plan's ``dp x sp``; one process per device, or per CPU process on a CPU machine;
+   ``--measure-launcher`` for several nodes or a scheduler). The first ``warmup`` steps (compilation)
+   are dropped; the step time is the median of the rest, peak memory the largest the run reports
+   (device memory on GPUs, host RSS on CPU).
+4. **Choose.** The plan is the candidate with the highest measured tokens/s; the plan JSON records
+   predicted and measured figures for every measured candidate (``search.measured``), and each
+   measurement is recorded in the Optuna study as a trial (``source: measured``, user attributes
+   ``measured_step_time_s``, ``measured_tokens_per_second``, ``measured_peak_memory_bytes``,
+   ``measure_status``) next to the prediction that ranked it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+
+from autosp.cost_models.specs import Candidate
+from autosp.errors import UsageError
+
+DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world} -m autosp.compiler.train_cli"
+BACKENDS = ("inductor", "aot_eager")
+EXHAUSTIVE_LIMIT = 20_000
+"""Accepted sub-spaces up to this size are searched exhaustively (exact top-k), larger ones with Optuna."""
+
+PROBE = r"""
+import json, sys
+from autosp.cost_models.specs import Candidate
+from autosp.errors import AutospError
+from autosp.compiler.api import resolve_candidate
+out = []
+for data in json.load(sys.stdin):
+    try:
+        resolve_candidate(Candidate(**data))
+        out.append(None)
+    except AutospError as err:
+        out.append(str(err))
+    except Exception as err:
+        out.append(f"{type(err).__name__}: {err}")
+json.dump(out, sys.stdout)
+"""
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    k: int = 3
+    steps: int = 3
+    warmup: int = 1
+    backend: str = "inductor"
+    launcher: str | None = None
+    timeout_s: float = 900.0
+    keep_dir: str | None = None  # write plans and logs here (else a temporary directory, removed)
+
+    def check(self, hardware) -> "MeasureOptions":
+        for name, value, least in (("--measure", self.k, 1), ("--measure-steps", self.steps, 1),
+                                   ("--measure-warmup", self.warmup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f"{name} must be an integer >= {least}, got {value!r}")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--measure-backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if not self.timeout_s or self.timeout_s <= 0:
+            raise UsageError(f"--measure-timeout must be positive, got {self.timeout_s!r}")
+        if self.launcher is None and hardware.nodes > 1:
+            raise UsageError(f"--measure on {hardware.nodes} nodes needs --measure-launcher (the default launcher "
+                             "starts processes on this machine only)")
+        if self.launcher is not None:
+            try:
+                self.launcher.format(python="p", world=1, nodes=1, per_node=1)
+            except (KeyError, IndexError, ValueError) as err:
+                raise UsageError(f"--measure-launcher: unknown placeholder {err} (use {{python}}, {{world}}, "
+                                 "{nodes}, {per_node})") from None
+        return self
+
+
+def _say(message: str) -> None:
+    print(f"autosp-plan: {message}", file=sys.stderr, flush=True)
+
+
+# -- what autosp-train accepts ------------------------------------------------------------------
+
+def probe(candidates: list[Candidate]) -> list[str | None]:
+    """For each candidate, None if the compiler accepts it, else its one-line reason (subprocess)."""
+    if not candidates:
+        return []
+    payload = json.dumps([asdict(c) for c in candidates])
+    try:
+        out = subprocess.run([sys.executable, "-c", PROBE], input=payload, capture_output=True, text=True,
+                             timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise UsageError(f"--measure: cannot ask the compiler which knobs it accepts ({err})") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        raise UsageError(f"--measure: cannot ask the compiler which knobs it accepts ({last})")
+    return json.loads(out.stdout)
+
+
+def simplest(space, cand: Candidate) -> Candidate:
+    """``cand`` with every knob that trades speed for memory off (the compiler's baseline)."""
+    return space.make(**dict({k: getattr(cand, k) for k in space.KNOBS}, checkpointing="none", mlp_chunks=1,
+                             loss_chunks=1, offload_activations=False, overlap="none", offload_optimizer=False))
+
+
+def accepted_space(space, base: Candidate):
+    """(the space restricted to the knob values autosp-train accepts, {knob: {value: reason}} rejected).
+
+    One probe per knob value: ``base`` (simplest) with that knob changed, plus the companion a value
+    needs to mean anything (overlap needs sp > 1, optimizer offload ZeRO >= 1, activation offload a
+    checkpointing policy the compiler accepts)."""
+    choices = space.choices()
+    knobs0 = {k: getattr(base, k) for k in space.KNOBS}
+    variants, where = [], []
+    for name in space.KNOBS:
+        if name == "offload_activations":
+            continue
+        for value in choices[name]:
+            knobs = dict(knobs0, **{name: value})
+            if name == "overlap" and value != "none":
+                knobs["sp"] = max(choices["sp"])
+            if name == "offload_optimizer" and value:
+                knobs["zero_stage"] = max(1, knobs["zero_stage"])
+            variants.append(space.make(**knobs))
+            where.append((name, value))
+    reasons = probe(variants)
+    accepted = {name: [] for name in space.KNOBS}
+    rejected: dict[str, dict] = {}
+    for (name, value), why in zip(where, reasons):
+        if why is None:
+            accepted[name].append(value)
+        else:
+            rejected.setdefault(name, {})[str(value)] = why
+    # activation offload moves checkpointed tensors: probe it with an accepted checkpointing policy
+    policies = [p for p in accepted["checkpointing"] if p != "none"]
+    for value in choices["offload_activations"]:
+        if not value:
+            accepted["offload_activations"].append(value)
+        elif not policies:
+            rejected.setdefault("offload_activations", {})[str(value)] = (
+                "needs an activation checkpointing policy, and autosp-train accepts none yet")
+        else:
+            why = probe([space.make(**dict(knobs0, checkpointing=policies[0], offload_activations=True))])[0]
+            if why is None:
+                accepted["offload_activations"].append(value)
+            else:
+                rejected.setdefault("offload_activations", {})[str(value)] = why
+    missing = [name for name, values in accepted.items() if not values]
+    if missing:
+        detail = "; ".join(next(iter(rejected.get(n, {"?": "?"}).values())) for n in missing)
+        raise UsageError(f"--measure: autosp-train accepts no value of {', '.join(missing)} ({detail})")
+    return replace(space, **{name: tuple(values) for name, values in accepted.items()}), rejected
+
+
+def top_k(space, evaluator, k: int, trials: int, seed: int) -> list:
+    """The ``k`` best fitting (candidate, estimate) of ``space`` by prediction, best first."""
+    from autosp.planner.evaluator import ranked_at
+
+    seq = space.workload.seq_len
+    if space.size() <= EXHAUSTIVE_LIMIT:
+        for cand in space.candidates():
+            evaluator(cand, seq)
+        pool = set(space.candidates())
+    else:
+        from autosp.planner.search import optuna_throughput
+
+        optuna_throughput(space, evaluator, trials=trials, seed=seed, label="optuna (measurable)")
+        pool = None
+    ranked = [(c, e) for c, e in ranked_at(evaluator, seq)
+              if e.fits and (c in pool if pool is not None else not space.reason(c))]
+    return ranked[: max(k * 4, k)]  # a few spares in case the whole-candidate probe rejects some
+
+
+# -- running autosp-train -----------------------------------------------------------------------
+
+def launch_command(options: MeasureOptions, hardware, world: int) -> list[str]:
+    template = options.launcher or DEFAULT_LAUNCHER
+    nodes = max(1, hardware.nodes)
+    text = template.format(python=shlex.quote(sys.executable), world=world, nodes=nodes,
+                           per_node=max(1, world // nodes))
+    return shlex.split(text)
+
+
+def _last_error(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "autosp-train: error:" in line or "Error" in line.split(":")[0]:
+            return line[:300]
+    return (lines[-1][:300] if lines else "no output")
+
+
+def run_one(plan, options: MeasureOptions, workdir: str, index: int) -> dict:
+    """Run ``plan`` with autosp-train; {'status', and measured figures when status is 'ok'}."""
+    from autosp.planner.plan import save_plan
+
+    c = plan.candidate
+    world = c.sp * c.dp
+    plan_path = os.path.join(workdir, f"candidate{index}.json")
+    log_path = os.path.join(workdir, f"candidate{index}.steps.jsonl")
+    out_path = os.path.join(workdir, f"candidate{index}.out")
+    save_plan(plan, plan_path)
+    cmd = launch_command(options, plan.hardware, world) + [
+        "--plan", plan_path, "--steps", str(options.warmup + options.steps), "--backend", options.backend,
+        "--log-json", log_path]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
+    with open(out_path, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=options.timeout_s)
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+            return {"status": f"timeout after {options.timeout_s:.0f} s", "command": shlex.join(cmd)}
+    wall = time.perf_counter() - started
+    with open(out_path, encoding="utf-8", errors="replace") as f:
+        output = f.read()
+    rows = []
+    if os.path.exists(log_path):
+        with open(log_path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    measured = rows[options.warmup:]
+    if code != 0 or not measured:
+        why = _last_error(output) if code != 0 else "no step was logged after the warm-up"
+        return {"status": f"failed (exit {code}): {why}", "command": shlex.join(cmd), "wall_s": round(wall, 2)}
+    step = statistics.median(r["step_time_s"] for r in measured)
+    tokens_per_step = measured[0]["tokens_per_s"] * measured[0]["step_time_s"]
+    peak_gib = max(r["peak_memory_gib"] for r in measured)
+    return {"status": "ok", "step_time_s": step, "tokens_per_second": tokens_per_step / step,
+            "peak_memory_bytes": peak_gib * 2**30, "memory_kind": measured[0].get("memory", "GiB"),
+            "steps_measured": len(measured), "step_times_s": [round(r["step_time_s"], 4) for r in measured],
+            "wall_s": round(wall, 2), "command": shlex.join(cmd)}
+
+
+# -- the whole measured search ------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    chosen: tuple  # (Candidate, Estimate)
+    table: dict    # search.measured
+    others: list   # [(Candidate, Estimate, lost_because)]
+
+
+def measure(space, evaluator, result, options: MeasureOptions, trials: int, seed: int, make_plan_for,
+            worker: str = "local") -> Outcome:
+    """Steps 1-4 of the module doc. ``make_plan_for(cand, est)`` builds the Plan file a run trains."""
+    from autosp.planner.evaluator import Evaluator
+
+    model_best = result.best
+    base = simplest(space, model_best[0] if model_best else next(iter(space.candidates())))
+    restricted, rejected = accepted_space(space, base)
+    sub_evaluator = Evaluator(restricted)
+    sub_evaluator.memo.update(evaluator.memo)  # same model, hardware and profile: reuse the scores
+    pool = top_k(restricted, sub_evaluator, options.k, trials, seed)
+    verdicts = probe([c for c, _ in pool])
+    chosen = [(c, e) for (c, e), why in zip(pool, verdicts) if why is None][: options.k]
+    if not chosen:
+        raise UsageError("--measure: no candidate that autosp-train accepts fits the hardware "
+                         f"(rejected knob values: {json.dumps(rejected)})")
+    if rejected:
+        _say("--measure: autosp-train rejects " + "; ".join(
+            f"{name}={'/'.join(values)}" for name, values in rejected.items())
+             + " today; measuring the best candidates without them")
+    workdir_ctx = tempfile.TemporaryDirectory(prefix="autosp-measure-") if options.keep_dir is None else None
+    workdir = options.keep_dir or workdir_ctx.name
+    os.makedirs(workdir, exist_ok=True)
+    rows = []
+    try:
+        for i, (cand, est) in enumerate(chosen):
+            _say(f"--measure {i + 1}/{len(chosen)}: {cand.short()} on {cand.sp * cand.dp} processes, "
+                 f"{options.warmup}+{options.steps} steps ...")
+            run = run_one(make_plan_for(cand, est), options, workdir, i)
+            shown = (f"{run['tokens_per_second']:,.0f} tokens/s measured, {est.tokens_per_second:,.0f} predicted"
+                     if run["status"] == "ok" else run["status"])
+            _say(f"--measure {i + 1}/{len(chosen)}: {shown}")
+            rows.append({"rank_predicted": i + 1, "candidate": asdict(cand), "short": cand.short(),
+                         "predicted": {"step_time_s": est.time.step, "tokens_per_second": est.tokens_per_second,
+                                       "peak_memory_bytes": est.memory.total},
+                         "measured": {k: v for k, v in run.items() if k not in ("status", "command")}
+                         if run["status"] == "ok" else None,
+                         "status": run["status"], "command": run["command"]})
+            _record(result.study, space, cand, est, run, worker)
+    finally:
+        if workdir_ctx is not None:
+            workdir_ctx.cleanup()
+    best, chosen_by, others = choose(rows, chosen)
+    if chosen_by != "measurement":
+        _say("warning: --measure: every measured run failed; the plan is the best measurable prediction")
+    table = {"k": options.k, "warmup_steps": options.warmup, "steps": options.steps, "backend": options.backend,
+             "launcher": options.launcher or DEFAULT_LAUNCHER, "chosen_by": chosen_by,
+             "accepted_by": "autosp.compiler.api.resolve_candidate (asked in a subprocess)",
+             "rejected_knob_values": rejected, "measurable_space_size": restricted.size(),
+             "cost_model_best": _model_best(model_best),
+             "results": rows}
+    return Outcome(chosen=best, table=table, others=others)
+
+
+def choose(rows: list[dict], pairs: list) -> tuple:
+    """(the (candidate, estimate) with the most measured tokens/s, how it was chosen, the others with why
+    they lost). ``rows[i]`` is the measurement of ``pairs[i]`` (predicted order); a failed run never
+    wins; ties go to the better prediction; if every run failed, the best prediction stands."""
+    from autosp.planner.api import _differences
+
+    ok = [(row, pair) for row, pair in zip(rows, pairs) if row["status"] == "ok"]
+    if ok:
+        best_row, best = max(ok, key=lambda item: (item[0]["measured"]["tokens_per_second"],
+                                                   -item[0]["rank_predicted"]))
+        chosen_by = "measurement"
+    else:
+        best_row, best = rows[0], pairs[0]
+        chosen_by = "prediction (every measured run failed)"
+    others = []
+    for row, (cand, est) in zip(rows, pairs):
+        if cand == best[0]:
+            continue
+        diff = _differences(cand, best[0])
+        if row["status"] != "ok" or best_row["status"] != "ok":
+            others.append((cand, est, f"measured run {row['status']} [{diff}]"))
+            continue
+        m, mb = row["measured"]["tokens_per_second"], best_row["measured"]["tokens_per_second"]
+        p, pb = est.tokens_per_second, best[1].tokens_per_second
+        others.append((cand, est, f"measured {100 * (1 - m / mb):.1f}% slower ({m:,.0f} vs {mb:,.0f} tokens/s); "
+                                  f"predicted {100 * (p / pb - 1):+.1f}% [{diff}]"))
+    return best, chosen_by, others
+
+
+def _model_best(model_best) -> dict | None:
+    """The cost model's choice over the whole space, and whether autosp-train could run it."""
+    if model_best is None:
+        return None
+    cand, est = model_best
+    why = probe([cand])[0]
+    return {"short": cand.short(), "tokens_per_second": est.tokens_per_second, "measurable": why is None,
+            **({"rejected_because": why} if why else {})}
+
+
+def _record(study, space, cand, est, run: dict, worker: str) -> None:
+    """The measurement as a trial of the search's study (value: the prediction that ranked it)."""
+    if study is None:
+        return
+    from autosp.planner.search import _import_optuna
+    from autosp.planner.study import add_trial
+
+    extra = {"measure_status": run["status"], "predicted_step_time_s": est.time.step,
+             "predicted_tokens_per_second": est.tokens_per_second, "predicted_peak_memory_bytes": est.memory.total}
+    if run["status"] == "ok":
+        extra.update({"measured_step_time_s": run["step_time_s"],
+                      "measured_tokens_per_second": run["tokens_per_second"],
+                      "measured_peak_memory_bytes": run["peak_memory_bytes"],
+                      "measured_memory_kind": run["memory_kind"]})
+    add_trial(_import_optuna(), study, space, cand, est, "measured", worker, extra)

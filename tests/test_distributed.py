@@ -1,0 +1,192 @@
+"""Distributed search: planner workers sharing one Optuna study (SQLite file and a real PostgreSQL),
+and measured trials run with autosp-train on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).with_name("autosp-plan")
+REQUEST = ["--model", "llama-3.2-1b", "--ctx", "16k", "--hw", "h100x4", "--json"]
+
+
+def _cmd(*args):
+    return ([str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli"]) + list(args)
+
+
+def _run(*args, timeout=300):
+    return subprocess.run(_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _study(storage, name):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _best_feasible(study):
+    import optuna
+
+    done = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)) if t.user_attrs.get("fits")]
+    top = max(t.value for t in done)
+    return top, [t.user_attrs["candidate"] for t in done if t.value == top]
+
+
+def _two_workers_then_collect(storage):
+    name = "shared-test"
+    workers = [subprocess.Popen(_cmd(*REQUEST, "--storage", storage, "--study-name", name, "--trials", "6",
+                                     "--worker-id", f"w{i}"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in (1, 2)]
+    outs = [w.communicate(timeout=300) for w in workers]
+    for w, (out, err) in zip(workers, outs):
+        assert w.returncode == 0, err
+    final = _run(*REQUEST, "--storage", storage, "--study-name", name, "--trials", "0")
+    assert final.returncode == 0, final.stderr
+    plan = json.loads(final.stdout)
+    study = _study(storage, name)
+    trials = study.get_trials()
+    sampled = {t.user_attrs.get("worker") for t in trials if t.user_attrs.get("source") in ("sampler", "enqueued")}
+    assert sampled == {"w1", "w2"}  # both workers ran trials in the one study
+    per_worker = {w: sum(1 for t in trials if t.user_attrs.get("worker") == w
+                         and t.user_attrs.get("source") in ("sampler", "enqueued")) for w in ("w1", "w2")}
+    assert per_worker == {"w1": 6, "w2": 6}
+    top, best = _best_feasible(study)
+    assert plan["candidate"] in best and plan["estimate"]["tokens_per_second"] == pytest.approx(top, rel=1e-12)
+    info = plan["search"]["study"]
+    assert info["study_name"] == name and info["workers"] == ["w1", "w2"] and plan["search"]["trials"] == 0
+    assert info["trials_in_study"] == len([t for t in trials if t.state.name == "COMPLETE"])
+    # each worker answered from the study as it stood when it finished: never better than the final answer
+    for out, _ in outs:
+        assert json.loads(out)["estimate"]["tokens_per_second"] <= top * (1 + 1e-12)
+    return plan
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_study_in_sqlite(tmp_path):
+    storage = f"sqlite:///{tmp_path}/study.db"
+    plan = _two_workers_then_collect(storage)
+    # a worker with another request may not join this study
+    other = _run("--model", "llama-3.2-1b", "--ctx", "8k", "--hw", "h100x4", "--storage", storage,
+                 "--study-name", "shared-test", "--trials", "2")
+    assert other.returncode == 2 and "belongs to another request" in other.stderr
+    # the combined study's answer is as good as a single worker's search with the same total budget
+    alone = _run(*REQUEST, "--no-cache", "--trials", "12")
+    assert alone.returncode == 0
+    assert plan["estimate"]["tokens_per_second"] >= 0.97 * json.loads(alone.stdout)["estimate"]["tokens_per_second"]
+
+
+@pytest.mark.slow
+def test_two_workers_share_a_study_in_postgresql(pg_url):
+    _two_workers_then_collect(pg_url)
+
+
+def test_storage_usage_errors(tmp_path):
+    for args, needle in ((("--storage", "nosuchdialect://x"), "--storage"),
+                         (("--storage", f"sqlite:///{tmp_path}/s.db", "--objective", "max-ctx"), "throughput"),
+                         (("--study-name", "x"), "--storage"),
+                         (("--trials", "0"), "--trials")):
+        out = _run(*REQUEST, *args)
+        assert out.returncode == 2 and needle in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+# -- measured trials ----------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+
+
+def _tiny():
+    from autosp.cost_models.specs import ModelSpec
+
+    return ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128,
+                     vocab=128)
+
+
+@pytest.mark.slow
+def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, monkeypatch):
+    """--measure 1 on the 2-process CPU cluster: the best candidate autosp-train accepts is trained for
+    real (torchrun, gloo, world = dp x sp), its measured step time and peak memory land in the plan and
+    in the shared study next to the prediction."""
+    import optuna
+
+    from autosp.compiler.api import resolve_candidate
+    from autosp.cost_models.specs import Candidate
+    from autosp.planner.api import make_plan
+    from autosp.planner.measure import MeasureOptions
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    storage = f"sqlite:///{tmp_path}/study.db"
+    options = MeasureOptions(k=1, steps=1, warmup=1, backend="aot_eager", timeout_s=300,
+                             keep_dir=str(tmp_path / "runs"))
+    plan = make_plan(_tiny(), "512", str(EXAMPLES / "cpu2.toml"), dtype="fp32", global_batch=2, trials=12,
+                     storage=storage, study_name="measured", worker="m", measure=options)
+    table = plan.search["measured"]
+    assert table["chosen_by"] == "measurement" and len(table["results"]) == 1
+    row = table["results"][0]
+    assert row["status"] == "ok", row
+    assert Candidate(**row["candidate"]) == plan.candidate
+    measured, predicted = row["measured"], row["predicted"]
+    assert measured["step_time_s"] > 0 and measured["tokens_per_second"] > 0 and measured["peak_memory_bytes"] > 0
+    assert measured["tokens_per_second"] == pytest.approx(2 * 512 / measured["step_time_s"], rel=1e-6)
+    assert predicted["tokens_per_second"] == pytest.approx(plan.estimate.tokens_per_second)
+    assert "--nproc-per-node 2" in row["command"] and (tmp_path / "runs" / "candidate0.steps.jsonl").exists()
+    # what autosp-train accepts was asked, not assumed: every excluded value is one the compiler rejects
+    from dataclasses import replace
+
+    from autosp.errors import UsageError
+
+    resolve_candidate(plan.candidate)
+    for knob, values in table["rejected_knob_values"].items():
+        for text in values:
+            value = {"True": True, "False": False}.get(text, int(text) if text.isdigit() else text)
+            extra = {"checkpointing": "full"} if knob == "offload_activations" else {}
+            if knob == "offload_optimizer":
+                extra = {"zero_stage": max(1, plan.candidate.zero_stage)}
+            with pytest.raises(UsageError):
+                resolve_candidate(replace(plan.candidate, **{knob: value, **extra}))
+    # the measurement is a trial of the study, next to its prediction
+    study = optuna.load_study(study_name="measured", storage=storage)
+    trials = [t for t in study.get_trials() if t.user_attrs.get("source") == "measured"]
+    assert len(trials) == 1
+    attrs = trials[0].user_attrs
+    assert attrs["measure_status"] == "ok" and attrs["candidate"] == row["candidate"]
+    assert attrs["measured_step_time_s"] == pytest.approx(measured["step_time_s"])
+    assert attrs["measured_peak_memory_bytes"] == pytest.approx(measured["peak_memory_bytes"])
+    assert trials[0].value == pytest.approx(predicted["tokens_per_second"])
+
+
+def test_the_measurement_decides_and_a_failed_run_never_wins():
+    from dataclasses import replace
+
+    from autosp.cost_models.specs import Candidate
+    from autosp.planner.measure import choose
+
+    a = Candidate(sp=1, dp=2, zero_stage=0)
+    b = replace(a, zero_stage=1)
+    c = replace(a, zero_stage=2)
+
+    class Est:  # the two fields choose() reads of an Estimate
+        def __init__(self, tps):
+            self.tokens_per_second = tps
+
+    pairs = [(a, Est(300.0)), (b, Est(290.0)), (c, Est(280.0))]  # predicted order
+
+    def row(i, status, tps=None):
+        return {"rank_predicted": i, "status": status,
+                "measured": {"tokens_per_second": tps} if status == "ok" else None}
+
+    best, how, others = choose([row(1, "ok", 100.0), row(2, "ok", 150.0), row(3, "failed (exit 1): OOM")], pairs)
+    assert best[0] == b and how == "measurement"
+    why = {cand: text for cand, _, text in others}
+    assert why[a].startswith("measured 33.3% slower (100 vs 150 tokens/s); predicted +3.4%")
+    assert why[c].startswith("measured run failed (exit 1): OOM")
+    best, _, _ = choose([row(1, "ok", 150.0), row(2, "ok", 150.0), row(3, "ok", 10.0)], pairs)
+    assert best[0] == a  # a tie goes to the better prediction
+    best, how, _ = choose([row(1, "timeout after 9 s"), row(2, "failed (exit 1): x"), row(3, "failed (exit 1): y")],
+                          pairs)
+    assert best[0] == a and how.startswith("prediction")
