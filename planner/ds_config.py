@@ -82,6 +82,12 @@ def deepspeed_config(plan) -> dict:
             "hardware": plan.hardware.name,
             "hardware_fingerprint": plan.hardware.fingerprint(),
             "autosp_version": plan.autosp_version,
+            # what `autosp-plan check` needs to re-price this config without the plan file
+            "global_batch": w.global_batch,
+            "objective": plan.objective,
+            "allow_cross_node_sp": bool(plan.search.get("allow_cross_node_sp", False)),
+            "space_version": plan.search.get("space_version"),
+            "cost_model_version": plan.search.get("cost_model_version"),
         },
     }
 
