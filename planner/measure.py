@@ -5,11 +5,12 @@ with ``autosp-train`` on this machine and let the measurement choose the plan.
    ``autosp-train``. The planner does not hard-code which: it asks the compiler's own validation
    (:func:`autosp.compiler.api.resolve_candidate`, the check ``autosp.compile`` and ``autosp-train``
    run before anything else) in a subprocess, so the planner process never imports the compiler, torch
-   or DeepSpeed. It probes one variant per knob value of the search space (from the simplest
-   candidate), keeps the values the compiler accepts, and says which it excluded and why.
+   or DeepSpeed. It probes each knob value of the search space (from the simplest candidate, alone and
+   paired with each value of another knob), keeps the values the compiler accepts, and says which it
+   excluded and why.
 2. **Top-k by prediction.** The accepted sub-space is searched with the same cost model (exhaustively
-   when small, else with the same Optuna search); its ``K`` best fitting candidates are probed once
-   more as a whole, and measured.
+   when small — every candidate probed, so rules that tie two knobs are exact —, else with the same
+   Optuna search and its best few probed); its ``K`` best fitting accepted candidates are measured.
 3. **Measure.** Each candidate is written as a plan file and run by ``autosp-train --plan`` for
    ``warmup + steps`` optimizer steps, launched with ``torchrun --standalone --nproc-per-node {world}``
    (world = the plan's ``dp x sp``; one process per device, or per CPU process on a CPU machine;
@@ -124,45 +125,53 @@ def simplest(space, cand: Candidate) -> Candidate:
 def accepted_space(space, base: Candidate):
     """(the space restricted to the knob values autosp-train accepts, {knob: {value: reason}} rejected).
 
-    One probe per knob value: ``base`` (simplest) with that knob changed, plus the companion a value
+    A value is accepted when the compiler accepts ``base`` (simplest) with that knob changed, alone or
+    together with any one value of another knob (so a rule that ties two knobs, such as "loss tiling
+    not with ZeRO-3", excludes only the pair, not the value); each probe carries the companion a value
     needs to mean anything (overlap needs sp > 1, optimizer offload ZeRO >= 1, activation offload a
-    checkpointing policy the compiler accepts)."""
+    checkpointing policy). The exact accepted set is then the job of :func:`top_k`."""
     choices = space.choices()
     knobs0 = {k: getattr(base, k) for k in space.KNOBS}
+
+    def variant(changes: dict) -> Candidate:
+        knobs = dict(knobs0, **changes)
+        if knobs["overlap"] != "none" and knobs["sp"] == 1:
+            knobs["sp"] = max(choices["sp"])
+        if knobs["offload_optimizer"] and knobs["zero_stage"] == 0:
+            knobs["zero_stage"] = max(1, max(choices["zero_stage"]))
+        if knobs["offload_activations"] and knobs["checkpointing"] == "none":
+            knobs["checkpointing"] = next((c for c in choices["checkpointing"] if c != "none"), "none")
+        return space.make(**knobs)
+
     variants, where = [], []
     for name in space.KNOBS:
-        if name == "offload_activations":
-            continue
         for value in choices[name]:
-            knobs = dict(knobs0, **{name: value})
-            if name == "overlap" and value != "none":
-                knobs["sp"] = max(choices["sp"])
-            if name == "offload_optimizer" and value:
-                knobs["zero_stage"] = max(1, knobs["zero_stage"])
-            variants.append(space.make(**knobs))
-            where.append((name, value))
+            variants.append(variant({name: value}))
+            where.append((name, value, True))
+            for other in space.KNOBS:
+                if other == name:
+                    continue
+                for second in choices[other]:
+                    variants.append(variant({name: value, other: second}))
+                    where.append((name, value, False))
     reasons = probe(variants)
     accepted = {name: [] for name in space.KNOBS}
-    rejected: dict[str, dict] = {}
-    for (name, value), why in zip(where, reasons):
+    alone: dict[tuple, str] = {}
+    first: dict[tuple, str] = {}
+    for (name, value, single), why in zip(where, reasons):
         if why is None:
-            accepted[name].append(value)
+            if value not in accepted[name]:
+                accepted[name].append(value)
         else:
-            rejected.setdefault(name, {})[str(value)] = why
-    # activation offload moves checkpointed tensors: probe it with an accepted checkpointing policy
-    policies = [p for p in accepted["checkpointing"] if p != "none"]
-    for value in choices["offload_activations"]:
-        if not value:
-            accepted["offload_activations"].append(value)
-        elif not policies:
-            rejected.setdefault("offload_activations", {})[str(value)] = (
-                "needs an activation checkpointing policy, and autosp-train accepts none yet")
-        else:
-            why = probe([space.make(**dict(knobs0, checkpointing=policies[0], offload_activations=True))])[0]
-            if why is None:
-                accepted["offload_activations"].append(value)
-            else:
-                rejected.setdefault("offload_activations", {})[str(value)] = why
+            first.setdefault((name, value), why)
+            if single:
+                alone[(name, value)] = why
+    rejected: dict[str, dict] = {}
+    for name in space.KNOBS:
+        accepted[name] = [v for v in choices[name] if v in accepted[name]]
+        for value in choices[name]:
+            if value not in accepted[name]:
+                rejected.setdefault(name, {})[str(value)] = alone.get((name, value)) or first[(name, value)]
     missing = [name for name, values in accepted.items() if not values]
     if missing:
         detail = "; ".join(next(iter(rejected.get(n, {"?": "?"}).values())) for n in missing)
@@ -171,22 +180,25 @@ def accepted_space(space, base: Candidate):
 
 
 def top_k(space, evaluator, k: int, trials: int, seed: int) -> list:
-    """The ``k`` best fitting (candidate, estimate) of ``space`` by prediction, best first."""
+    """The ``k`` best fitting (candidate, estimate) of ``space`` that the compiler accepts, best first
+    (a small space: every candidate probed and scored, exact; a large one: Optuna, then its best few
+    probed)."""
     from autosp.planner.evaluator import ranked_at
 
     seq = space.workload.seq_len
     if space.size() <= EXHAUSTIVE_LIMIT:
-        for cand in space.candidates():
+        candidates = list(space.candidates())
+        accepted = [c for c, why in zip(candidates, probe(candidates)) if why is None]
+        for cand in accepted:
             evaluator(cand, seq)
-        pool = set(space.candidates())
-    else:
-        from autosp.planner.search import optuna_throughput
+        pool = set(accepted)
+        return [(c, e) for c, e in ranked_at(evaluator, seq) if e.fits and c in pool][:k]
+    from autosp.planner.search import optuna_throughput
 
-        optuna_throughput(space, evaluator, trials=trials, seed=seed, label="optuna (measurable)")
-        pool = None
-    ranked = [(c, e) for c, e in ranked_at(evaluator, seq)
-              if e.fits and (c in pool if pool is not None else not space.reason(c))]
-    return ranked[: max(k * 4, k)]  # a few spares in case the whole-candidate probe rejects some
+    optuna_throughput(space, evaluator, trials=trials, seed=seed, label="optuna (measurable)")
+    ranked = [(c, e) for c, e in ranked_at(evaluator, seq) if e.fits and not space.reason(c)][: k * 4]
+    verdicts = probe([c for c, _ in ranked])
+    return [pair for pair, why in zip(ranked, verdicts) if why is None][:k]
 
 
 # -- running autosp-train -----------------------------------------------------------------------
@@ -275,9 +287,7 @@ def measure(space, evaluator, result, options: MeasureOptions, trials: int, seed
     restricted, rejected = accepted_space(space, base)
     sub_evaluator = Evaluator(restricted)
     sub_evaluator.memo.update(evaluator.memo)  # same model, hardware and profile: reuse the scores
-    pool = top_k(restricted, sub_evaluator, options.k, trials, seed)
-    verdicts = probe([c for c, _ in pool])
-    chosen = [(c, e) for (c, e), why in zip(pool, verdicts) if why is None][: options.k]
+    chosen = top_k(restricted, sub_evaluator, options.k, trials, seed)
     if not chosen:
         raise UsageError("--measure: no candidate that autosp-train accepts fits the hardware "
                          f"(rejected knob values: {json.dumps(rejected)})")
@@ -310,13 +320,39 @@ def measure(space, evaluator, result, options: MeasureOptions, trials: int, seed
     best, chosen_by, others = choose(rows, chosen)
     if chosen_by != "measurement":
         _say("warning: --measure: every measured run failed; the plan is the best measurable prediction")
+    spread = spread_note(rows, best[0])
+    if spread:
+        _say(f"note: --measure: {spread}")
     table = {"k": options.k, "warmup_steps": options.warmup, "steps": options.steps, "backend": options.backend,
              "launcher": options.launcher or DEFAULT_LAUNCHER, "chosen_by": chosen_by,
              "accepted_by": "autosp.compiler.api.resolve_candidate (asked in a subprocess)",
              "rejected_knob_values": rejected, "measurable_space_size": restricted.size(),
              "cost_model_best": _model_best(model_best),
              "results": rows}
+    if spread:
+        table["note"] = spread
     return Outcome(chosen=best, table=table, others=others)
+
+
+def spread_note(rows: list[dict], winner: Candidate) -> str | None:
+    """A warning when the winner's margin is within the step-to-step spread of the measurements (then
+    another run may well pick another candidate), else None."""
+    ok = [r for r in rows if r["status"] == "ok" and len(r["measured"].get("step_times_s", [])) > 1]
+
+    def span(r):
+        m = r["measured"]
+        tokens = m["tokens_per_second"] * m["step_time_s"]
+        return tokens / max(m["step_times_s"]), tokens / min(m["step_times_s"])
+
+    win = next((r for r in ok if Candidate(**r["candidate"]) == winner), None)
+    if win is None:
+        return None
+    low = span(win)[0]
+    close = [r["short"] for r in ok if r is not win and span(r)[1] >= low]
+    if not close:
+        return None
+    return (f"the winner's margin over {', '.join(close)} is within the step-to-step spread of the measurements; "
+            "more --measure-steps (on a quieter machine) would make the choice firmer")
 
 
 def choose(rows: list[dict], pairs: list) -> tuple:

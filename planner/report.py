@@ -157,6 +157,8 @@ def _measured_lines(measured: dict, chosen) -> list[str]:
     kind = next((r["measured"].get("memory_kind") for r in measured.get("results", []) if r.get("measured")), None)
     if kind:
         lines.append(f"  measured memory: peak {kind} of rank 0 (predicted: per-device peak)")
+    if measured.get("note"):
+        lines.append(f"  note: {measured['note']}")
     rejected = measured.get("rejected_knob_values") or {}
     if rejected:
         lines.append("  not measurable yet (autosp-train rejects): " + "; ".join(
