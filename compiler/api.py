@@ -10,8 +10,7 @@ from autosp.errors import UsageError
 
 # Plan knobs of a later issue: rejected (not ignored) until their pass exists, so a plan never claims a
 # memory saving the compiled graph does not make.
-_NOT_YET = {"checkpointing": "none", "mlp_chunks": 1, "loss_chunks": 1, "offload_activations": False,
-            "overlap": "none"}
+_NOT_YET = {"mlp_chunks": 1, "loss_chunks": 1, "overlap": "none"}
 DTYPES = ("fp32", "bf16")
 RECOMPILE_LIMIT = 64
 
@@ -56,7 +55,22 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
         if getattr(candidate, key) != default:
             raise UsageError(f"plan knob {key}={getattr(candidate, key)!r} is not implemented yet in the compiler "
                              f"(only {key}={default!r} is); re-plan without it")
+    _check_checkpointing(candidate)
     return candidate, source
+
+
+def _check_checkpointing(candidate: Candidate) -> None:
+    """The partitioner's knobs (passes/checkpointing.py, passes/offload.py): known values only."""
+    from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+
+    if candidate.checkpointing not in CHECKPOINTING_POLICIES:
+        raise UsageError(f"unknown checkpointing policy {candidate.checkpointing!r}; the compiler applies "
+                         f"{', '.join(CHECKPOINTING_POLICIES)}")
+    if not isinstance(candidate.offload_activations, bool):
+        raise UsageError(f"offload_activations must be true or false, got {candidate.offload_activations!r}")
+    if candidate.offload_activations and candidate.checkpointing == "none":
+        raise UsageError("offload_activations moves the activations a checkpointing policy keeps; it needs "
+                         "checkpointing=selective, sequence or full, not none")
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -220,6 +234,7 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
     ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
                     world_group=layout.world_group.group_name, grad_world_size=ds_engine.dp_world_size,
                     ignore_index=ignore_index, fragments=candidate.zero_stage == 3)
+    ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.

@@ -49,12 +49,23 @@ def make_backend(ctx: SPContext, backend: str = "inductor", passes=PIPELINE):
         if os.environ.get("AUTOSP_DEBUG_GRAPHS"):
             _describe(gm)
         apply_passes(gm, example_inputs, ctx, passes)
+        # --- partitioner (checkpointing policy, activation offload: passes/checkpointing.py) ----------
+        from autosp.compiler.passes.checkpointing import SPPartitioner
+
+        partitioner = SPPartitioner(ctx)
+        # ------------------------------------------------------------------------------------------------
         if backend == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(gm, example_inputs)
-        from torch._dynamo.backends.debugging import aot_eager
+            from autosp.compiler.passes.attention import inductor_config_patches  # overlap windows
 
-        return aot_eager(gm, example_inputs)
+            return compile_fx(gm, example_inputs, config_patches={"custom_partitioner_fn": partitioner,
+                                                                  **inductor_config_patches(ctx)})
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        # torch's aot_eager with the autosp partitioner in place of min_cut_rematerialization_partition
+        return aot_autograd(fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partitioner,
+                            keep_inference_input_mutations=True)(gm, example_inputs)
 
     return autosp_backend

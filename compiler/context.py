@@ -23,6 +23,7 @@ class PassStats:
     losses: int = 0
     label_shifts_removed: int = 0
     notes: list = field(default_factory=list)
+    partitions: list = field(default_factory=list)  # checkpointing.PartitionReport of every partitioned graph
 
 
 @dataclass
@@ -37,6 +38,8 @@ class SPContext:
     positions_from_runtime: bool = False
     local_len: int = 0            # s = S / P of the call being compiled
     global_len: int = 0           # S after padding
+    checkpointing: str = "none"   # plan knobs applied by the partitioner (passes/checkpointing.py, offload.py)
+    offload_activations: bool = False
     stats: PassStats = field(default_factory=PassStats)
 
     @property

@@ -83,8 +83,7 @@ def test_packed_position_ids_are_rejected():
 
 
 # --- plans -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("knob", [dict(checkpointing="full"), dict(mlp_chunks=2), dict(loss_chunks=4),
-                                  dict(overlap="kv_async"), dict(checkpointing="full", offload_activations=True)])
+@pytest.mark.parametrize("knob", [dict(mlp_chunks=2), dict(loss_chunks=4), dict(overlap="kv_async")])
 def test_later_plan_knobs_are_rejected_not_ignored(knob):
     with pytest.raises(UsageError, match="not implemented yet"):
         resolve_candidate(Candidate(sp=2, **knob))
