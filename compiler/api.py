@@ -8,9 +8,6 @@ import os
 from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
 
-# Plan knobs of a later issue: rejected (not ignored) until their pass exists, so a plan never claims a
-# memory saving the compiled graph does not make.
-_NOT_YET = {"mlp_chunks": 1, "loss_chunks": 1, "overlap": "none"}
 DTYPES = ("fp32", "bf16")
 RECOMPILE_LIMIT = 64
 
@@ -51,10 +48,10 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
             candidate = Candidate(sp=sp_size, **overrides)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    for key, default in _NOT_YET.items():
-        if getattr(candidate, key) != default:
-            raise UsageError(f"plan knob {key}={getattr(candidate, key)!r} is not implemented yet in the compiler "
-                             f"(only {key}={default!r} is); re-plan without it")
+    if candidate.zero_stage == 3 and candidate.loss_chunks > 1:
+        raise UsageError(f"loss_chunks={candidate.loss_chunks} does not work with zero_stage=3 yet: ZeRO-3's module "
+                         f"hooks put the LM head in a graph of its own, so the full logits exist before the loss "
+                         f"can be tiled; re-plan with loss_chunks=1 or zero_stage<=2")
     _check_checkpointing(candidate)
     return candidate, source
 
@@ -233,7 +230,8 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
             pad_token_id = 0
     ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
                     world_group=layout.world_group.group_name, grad_world_size=ds_engine.dp_world_size,
-                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3)
+                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
+                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap)
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the

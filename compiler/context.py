@@ -22,6 +22,9 @@ class PassStats:
     positions_offset: int = 0
     losses: int = 0
     label_shifts_removed: int = 0
+    mlps_tiled: int = 0
+    losses_tiled: int = 0
+    attention_overlapped: int = 0
     notes: list = field(default_factory=list)
     partitions: list = field(default_factory=list)  # checkpointing.PartitionReport of every partitioned graph
 
@@ -38,6 +41,9 @@ class SPContext:
     positions_from_runtime: bool = False
     local_len: int = 0            # s = S / P of the call being compiled
     global_len: int = 0           # S after padding
+    mlp_chunks: int = 1           # plan knobs applied by the tiling passes and the attention pass
+    loss_chunks: int = 1
+    overlap: str = "none"
     checkpointing: str = "none"   # plan knobs applied by the partitioner (passes/checkpointing.py, offload.py)
     offload_activations: bool = False
     stats: PassStats = field(default_factory=PassStats)

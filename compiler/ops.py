@@ -100,3 +100,99 @@ def all_reduce_sum(x: torch.Tensor, group: str) -> torch.Tensor:
 @all_reduce_sum.register_fake
 def _all_reduce_sum_fake(x, group):
     return torch.empty_like(x)
+
+
+# --- asynchronous all-to-all: start / wait (the overlap schedules) ----------------------------------
+#
+# ``all_to_all_start(x, scatter_dim, gather_dim, group)`` launches the exchange without waiting
+# (``dist.all_to_all_single(..., async_op=True)``) and returns its receive buffer, [P, *chunk]: slot j
+# will hold what rank j sends. The buffer is not valid until ``all_to_all_wait`` consumed it:
+# ``all_to_all_wait(recv, scatter_dim, gather_dim, group, dtype)`` waits for the exchange and
+# concatenates the slots along ``gather_dim``. The pair equals ``all_to_all``; the passes put compute
+# between the two nodes, and that compute overlaps the exchange.
+#
+# The in-flight exchanges live in ``_PENDING``, keyed by the receive buffer's storage address; the
+# entry holds the work handle and the send and receive buffers, so neither is freed (or its memory
+# reused) while the exchange runs. A wait whose buffer has no entry is an internal error (the graph
+# copied the buffer between start and wait) and raises instead of reading an unfinished buffer.
+#
+# Autograd mirrors the pair, so the backward overlaps the same way without a graph pass. The gradient
+# of the pair is the inverse all-to-all. The backward of ``wait`` (reached first, it is later in the
+# forward) *starts* the inverse exchange of its output gradient and returns that in-flight receive
+# buffer as the "gradient" of ``recv``; the backward of ``start`` (reached later, after the autograd
+# engine ran whatever came between them in the forward, in reverse) waits for it and concatenates
+# along ``scatter_dim``. The buffer handed between the two backward nodes is not the mathematical
+# gradient of ``recv`` but the inverse exchange of it in flight: valid because ``recv`` has exactly one
+# user (its wait), which the passes guarantee, and the two functions are only ever used as a pair.
+_PENDING: dict = {}
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@torch.library.custom_op("autosp_ops::all_to_all_start", mutates_args=())
+def all_to_all_start(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
+    CALLS["all_to_all"] += 1
+    pg = _group(group)
+    world = dist.get_world_size(group=pg)
+    if x.shape[scatter_dim] % world:
+        raise RuntimeError(f"autosp_ops::all_to_all_start: dim {scatter_dim} of size {x.shape[scatter_dim]} "
+                           f"does not split over {world} ranks")
+    if _needs_fp32_transport(x):
+        x = x.float()
+    send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
+    recv = torch.empty_like(send)
+    work = dist.all_to_all_single(recv, send, group=pg, async_op=True)
+    _PENDING[_key(recv)] = (work, send, recv)
+    return recv
+
+
+@all_to_all_start.register_fake
+def _all_to_all_start_fake(x, scatter_dim, gather_dim, group):
+    world = group_size(group)
+    shape = list(x.shape)
+    shape[scatter_dim] //= world
+    dtype = torch.float32 if _needs_fp32_transport(x) else x.dtype
+    return x.new_empty([world, *shape], dtype=dtype)
+
+
+@torch.library.custom_op("autosp_ops::all_to_all_wait", mutates_args=())
+def all_to_all_wait(recv: torch.Tensor, scatter_dim: int, gather_dim: int, group: str,
+                    dtype: torch.dtype) -> torch.Tensor:
+    entry = _PENDING.pop(_key(recv), None)
+    if entry is None:
+        raise RuntimeError("autosp_ops::all_to_all_wait: no all-to-all in flight for this buffer (internal error: "
+                           "the buffer between start and wait was copied or waited twice)")
+    entry[0].wait()
+    return torch.cat(recv.unbind(0), dim=gather_dim).to(dtype)
+
+
+@all_to_all_wait.register_fake
+def _all_to_all_wait_fake(recv, scatter_dim, gather_dim, group, dtype):
+    shape = list(recv.shape[1:])
+    shape[gather_dim] *= recv.shape[0]
+    return recv.new_empty(shape, dtype=dtype)
+
+
+def _start_setup(ctx, inputs, output):
+    x, ctx.scatter_dim, ctx.gather_dim, ctx.group = inputs
+    ctx.dtype = x.dtype
+
+
+def _start_backward(ctx, grad_recv):
+    # grad_recv is the inverse exchange that the wait's backward started: finish it.
+    return all_to_all_wait(grad_recv, ctx.gather_dim, ctx.scatter_dim, ctx.group, ctx.dtype), None, None, None
+
+
+def _wait_setup(ctx, inputs, output):
+    _, ctx.scatter_dim, ctx.gather_dim, ctx.group, _ = inputs
+
+
+def _wait_backward(ctx, grad):
+    # start the inverse exchange; the start's backward waits for it (see the comment above)
+    return all_to_all_start(grad.contiguous(), ctx.gather_dim, ctx.scatter_dim, ctx.group), None, None, None, None
+
+
+all_to_all_start.register_autograd(_start_backward, setup_context=_start_setup)
+all_to_all_wait.register_autograd(_wait_backward, setup_context=_wait_setup)

@@ -129,3 +129,25 @@ def compare(sp: dict, ref: dict) -> dict:
             worst = max(worst, (err, name), key=lambda t: t[0])
         out[key] = worst
     return out
+
+
+def run_cases(rank: int, names, run_one) -> dict:
+    """``{name: run_one(name)}`` for every case, each on a fresh Dynamo; a case that raises is recorded as
+    ``{"crash": traceback}`` so one broken case does not hide the others. Rank 0 adds ``seconds``."""
+    import time
+    import traceback
+
+    import torch._dynamo
+
+    results = {}
+    for name in names:
+        start = time.perf_counter()
+        torch._dynamo.reset()
+        try:
+            results[name] = run_one(name) or {}
+        except Exception:  # noqa: BLE001 - recorded and reported by the test
+            results[name] = {"crash": traceback.format_exc()}
+        if rank == 0:
+            results[name]["seconds"] = time.perf_counter() - start
+            print(f"[case] {name}: {results[name]['seconds']:.1f} s", flush=True)
+    return results

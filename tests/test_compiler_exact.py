@@ -12,8 +12,6 @@ world size; the test functions then check each case's recorded result.
 
 from __future__ import annotations
 
-import time
-import traceback
 
 import pytest
 import torch
@@ -179,38 +177,28 @@ def _error_batches(name, batches):
 
 
 def run_cases(rank, world, names):
-    import torch._dynamo
-
     from autosp.compiler import testing
 
-    results = {}
-    for name in names:
-        start = time.perf_counter()
-        torch._dynamo.reset()
+    def run_one(name):
+        if name in EXACT or name in BF16:
+            _, factory, batch_kw, compile_kw, optimizer = EXACT.get(name) or BF16[name]
+            model = factory()
+            batches = make_batches(**batch_kw)
+            compile_kw = {"backend": "aot_eager", **compile_kw}
+            got = testing.sp_run(model, batches, optimizer, **compile_kw)
+            if rank == 0:
+                ref = testing.reference_run(model, batches, optimizer, grad_accum=compile_kw.get("grad_accum", 1))
+                return {"errors": testing.compare(got, ref), "stats": got["stats"]}
+            return None
+        _, factory, batch_kw, compile_kw, _ = ERRORS[name]
+        batches = _error_batches(name, make_batches(steps=1, **batch_kw))
         try:
-            if name in EXACT or name in BF16:
-                _, factory, batch_kw, compile_kw, optimizer = EXACT.get(name) or BF16[name]
-                model = factory()
-                batches = make_batches(**batch_kw)
-                compile_kw = {"backend": "aot_eager", **compile_kw}
-                got = testing.sp_run(model, batches, optimizer, **compile_kw)
-                if rank == 0:
-                    ref = testing.reference_run(model, batches, optimizer, grad_accum=compile_kw.get("grad_accum", 1))
-                    results[name] = {"errors": testing.compare(got, ref), "stats": got["stats"]}
-            else:
-                _, factory, batch_kw, compile_kw, _ = ERRORS[name]
-                batches = _error_batches(name, make_batches(steps=1, **batch_kw))
-                try:
-                    testing.sp_run(factory(), batches, sgd, **{"backend": "aot_eager", **compile_kw})
-                    results[name] = {"raised": None}
-                except Exception as err:  # noqa: BLE001 - recorded and checked by the test
-                    results[name] = {"raised": f"{type(err).__name__}: {err}"}
-        except Exception:  # noqa: BLE001 - one broken case must not hide the others
-            results[name] = {"crash": traceback.format_exc()}
-        if rank == 0:
-            results[name]["seconds"] = time.perf_counter() - start
-            print(f"[case] {name}: {results[name]['seconds']:.1f} s", flush=True)
-    return results
+            testing.sp_run(factory(), batches, sgd, **{"backend": "aot_eager", **compile_kw})
+            return {"raised": None}
+        except Exception as err:  # noqa: BLE001 - recorded and checked by the test
+            return {"raised": f"{type(err).__name__}: {err}"}
+
+    return testing.run_cases(rank, names, run_one)
 
 
 def _job(world):

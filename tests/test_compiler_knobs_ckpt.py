@@ -16,8 +16,6 @@ offload rewrite on CPU, and the plan errors.
 from __future__ import annotations
 
 import json
-import time
-import traceback
 
 import pytest
 import torch
@@ -50,51 +48,40 @@ def _candidate(fields):
 def run_cases(rank, world, names):
     import copy
 
-    import torch._dynamo
-
     import autosp
     from autosp.compiler import testing
     from autosp.compiler.passes.offload import OFFLOADED
     from autosp.compiler.saved_memory import measure_saved
 
-    results = {}
-    for name in names:
-        start = time.perf_counter()
-        torch._dynamo.reset()
-        try:
-            fields, compile_kw = CASES[name]
-            model, batches = reference_llama(), make_batches(batch=BATCH, seq=SEQ)
-            engine = autosp.compile(copy.deepcopy(model), plan=_candidate(fields), optimizer=sgd,
-                                    **{"backend": "aot_eager", **compile_kw})
-            losses, grads, saved, moved = [], None, None, 0
-            for step, batch in enumerate(batches):
-                before = OFFLOADED["bytes"]
-                if step == 0:
-                    with measure_saved(engine.module) as saved:
-                        loss = engine(**batch)
-                else:
+    def run_one(name):
+        fields, compile_kw = CASES[name]
+        model, batches = reference_llama(), make_batches(batch=BATCH, seq=SEQ)
+        engine = autosp.compile(copy.deepcopy(model), plan=_candidate(fields), optimizer=sgd,
+                                **{"backend": "aot_eager", **compile_kw})
+        losses, grads, saved, moved = [], None, None, 0
+        for step, batch in enumerate(batches):
+            before = OFFLOADED["bytes"]
+            if step == 0:
+                with measure_saved(engine.module) as saved:
                     loss = engine(**batch)
-                moved = OFFLOADED["bytes"] - before
-                engine.backward(loss)
-                losses.append(loss.item())
-                if grads is None:
-                    grads = {n: testing.full_grad(p) for n, p in engine.module.named_parameters()}
-                engine.step()
-            got = {"losses": losses, "grads": grads,
-                   "weights": {n: testing.full_weight(p) for n, p in engine.module.named_parameters()}}
-            if rank == 0:
-                ref = testing.reference_run(model, batches, sgd)
-                results[name] = {"errors": testing.compare(got, ref),
-                                 "partitions": [vars(r) | {"saved_layers": r.saved_layers}
-                                                for r in engine.stats.partitions],
-                                 "saved": {"device": saved.device_bytes, "host": saved.host_bytes},
-                                 "moved_per_step": moved}
-        except Exception:  # noqa: BLE001 - one broken case must not hide the others
-            results[name] = {"crash": traceback.format_exc()}
+            else:
+                loss = engine(**batch)
+            moved = OFFLOADED["bytes"] - before
+            engine.backward(loss)
+            losses.append(loss.item())
+            if grads is None:
+                grads = {n: testing.full_grad(p) for n, p in engine.module.named_parameters()}
+            engine.step()
+        got = {"losses": losses, "grads": grads,
+               "weights": {n: testing.full_weight(p) for n, p in engine.module.named_parameters()}}
         if rank == 0:
-            results[name]["seconds"] = time.perf_counter() - start
-            print(f"[case] {name}: {results[name]['seconds']:.1f} s", flush=True)
-    return results
+            ref = testing.reference_run(model, batches, sgd)
+            return {"errors": testing.compare(got, ref),
+                    "partitions": [vars(r) | {"saved_layers": r.saved_layers} for r in engine.stats.partitions],
+                    "saved": {"device": saved.device_bytes, "host": saved.host_bytes},
+                    "moved_per_step": moved}
+
+    return testing.run_cases(rank, names, run_one)
 
 
 @pytest.fixture(scope="module")

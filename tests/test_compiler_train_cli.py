@@ -38,14 +38,19 @@ def write_plan(path, candidate, seq_len=48):
     return path
 
 
-def test_plan_file_is_read_and_later_knobs_rejected(tmp_path):
+def test_plan_file_is_read_and_unsupported_knobs_rejected(tmp_path):
     from autosp.compiler.api import resolve_candidate
 
     path = write_plan(tmp_path / "plan.json", Candidate(sp=2, dp=1, zero_stage=2, micro_batch=1))
     candidate, plan = resolve_candidate(str(path), None, 2)
     assert (candidate.sp, candidate.zero_stage, plan.model.name) == (2, 2, "tiny")
-    bad = write_plan(tmp_path / "bad.json", Candidate(sp=2, checkpointing="selective"))
-    with pytest.raises(UsageError, match="checkpointing='selective' is not implemented yet"):
+    knobs = write_plan(tmp_path / "knobs.json", Candidate(sp=2, checkpointing="selective", mlp_chunks=2,
+                                                          loss_chunks=2, overlap="kv_async"))
+    candidate, _ = resolve_candidate(str(knobs), None, 2)
+    assert (candidate.checkpointing, candidate.mlp_chunks, candidate.loss_chunks, candidate.overlap) == (
+        "selective", 2, 2, "kv_async")
+    bad = write_plan(tmp_path / "bad.json", Candidate(sp=2, zero_stage=3, loss_chunks=2))
+    with pytest.raises(UsageError, match="loss_chunks=2 does not work with zero_stage=3"):
         resolve_candidate(str(bad), None, 2)
 
 

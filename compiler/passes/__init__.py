@@ -14,7 +14,13 @@ from autosp.compiler.passes.check import check_pass
 from autosp.compiler.passes.loss import loss_pass
 from autosp.compiler.passes.mask import mask_pass
 from autosp.compiler.passes.positions import position_pass
+from autosp.compiler.passes.tiling_loss import loss_tiling_pass
+from autosp.compiler.passes.tiling_mlp import mlp_tiling_pass
 
-PIPELINE = (mask_pass, position_pass, attention_pass, loss_pass, check_pass)
+# The tiling passes run after the loss pass (loss tiling fuses the sum the loss pass made) and do
+# nothing unless their plan knob (ctx.mlp_chunks, ctx.loss_chunks) is above 1; the attention pass
+# applies ctx.overlap.
+PIPELINE = (mask_pass, position_pass, attention_pass, loss_pass, mlp_tiling_pass, loss_tiling_pass, check_pass)
 
-__all__ = ["PIPELINE", "attention_pass", "check_pass", "loss_pass", "mask_pass", "position_pass"]
+__all__ = ["PIPELINE", "attention_pass", "check_pass", "loss_pass", "loss_tiling_pass", "mask_pass",
+           "mlp_tiling_pass", "position_pass"]

@@ -17,18 +17,58 @@ Grouped-query attention (n_kv key/value heads, H query heads):
 - otherwise: an error (the planner treats such a candidate as invalid).
 
 The mask pass runs first: every SDPA reaching this pass is mask-free and causal.
+
+Overlap schedules (plan knob ``overlap``, docs/cost_model.md section 7). ``none`` uses the blocking
+``autosp_ops::all_to_all``. The other two split each all-to-all into ``autosp_ops::all_to_all_start``
+(launch, returns the in-flight receive buffer) and ``autosp_ops::all_to_all_wait`` (wait, lay out),
+and place compute between the two nodes (see :mod:`autosp.compiler.ops` for how their autograd makes
+the backward overlap in mirror image):
+
+- ``kv_async``: the K and V starts go right after K (post-RoPE) and V are ready; every node only the
+  query needs (its projection, RoPE) that sat before them is moved after them; the Q all-to-all is
+  blocking; the K and V waits come right before attention. Forward: the K/V exchanges run under the
+  Q projection, RoPE and the Q exchange. Backward (autograd reverses the order): the inverse K/V
+  exchanges start when attention's backward produced dK, dV and run under the inverse Q exchange and
+  the Q path's backward (RoPE, the projection's input and weight gradients).
+- ``head_pipeline``: attention runs in C = min(HEAD_PIPELINE_CHUNKS, local heads) head groups (the
+  cost model's C). Group g sends, for every rank, its slice of that rank's heads (q, and the kv heads
+  it needs that no earlier group sent). Schedule, one group of look-ahead each way::
+
+      start(0) start(1) | wait(0) attn(0) start_out(0) start(2) | wait(1) attn(1) start_out(1)
+      wait_out(0) start(3) | ... | wait_out(C-1); output = the groups' heads put back in order
+
+  so group g+1's input exchange and group g-1's output exchange run under group g's attention.
+  Backward: the same schedule reversed. Groups follow the kv heads: with at least C local kv heads
+  each group is whole kv heads with their query heads; with fewer, each group is part of one kv
+  head's query heads and that kv head travels once, with its first group.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 from torch import fx
 
 from autosp.compiler import ops
 from autosp.compiler.context import SPContext
-from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, fail, is_call, is_method, normalized, set_named_args, shape
+from autosp.compiler.passes.common import (
+    SDPA,
+    SDPA_ARGS,
+    SDPA_DEFAULTS,
+    ancestors,
+    fail,
+    is_call,
+    is_method,
+    normalized,
+    set_named_args,
+    shape,
+)
+from autosp.cost_models.step_time import HEAD_PIPELINE_CHUNKS
 
 A2A = torch.ops.autosp_ops.all_to_all.default
+A2A_START = torch.ops.autosp_ops.all_to_all_start.default
+A2A_WAIT = torch.ops.autosp_ops.all_to_all_wait.default
 
 
 def _peel_repeat_kv(node: fx.Node):
@@ -104,28 +144,276 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             fail(f"{n_kv} key/value heads are incompatible with {p} sequence-parallel ranks (need "
                  f"n_kv % P == 0 or P % n_kv == 0)", node)
         local_q_heads, local_kv_heads = n_heads // p, n_kv * replicate // p
-        with graph.inserting_before(node):
-            q2 = graph.call_function(A2A, (q, 1, 2, group))
-            kv = []
-            for src in (k_src, v_src):
-                if replicate > 1:
-                    src = graph.call_function(torch.repeat_interleave, (src, replicate), {"dim": 1})
-                kv.append(graph.call_function(A2A, (src, 1, 2, group)))
-        set_named_args(node, SDPA_ARGS, query=q2, key=kv[0], value=kv[1],
-                       enable_gqa=local_kv_heads != local_q_heads)
-        with graph.inserting_after(node):
-            out = graph.call_function(A2A, (node, 2, 1, group))
-        node.replace_all_uses_with(out, delete_user_cb=lambda user: user is not out)
-        node.meta["autosp_ulysses"] = True
+        plan = _Layer(graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads)
+        if ctx.overlap == "kv_async":
+            _kv_async(plan)
+        elif ctx.overlap == "head_pipeline" and min(HEAD_PIPELINE_CHUNKS, local_q_heads) > 1:
+            _head_pipeline(plan, min(HEAD_PIPELINE_CHUNKS, local_q_heads))
+        else:  # none (or a head pipeline of one group: nothing to pipeline)
+            _blocking(plan)
+        if ctx.overlap != "none":
+            ctx.stats.attention_overlapped += 1
         ctx.stats.attention += 1
     graph.eliminate_dead_code()
 
 
+class _Layer:
+    """One SDPA call to rewrite and what the pass worked out about it."""
+
+    def __init__(self, graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads):
+        self.graph, self.node, self.args = graph, node, args
+        self.q, self.k_src, self.v_src, self.replicate = q, k_src, v_src, replicate
+        self.p, self.group = p, group
+        self.local_q_heads, self.local_kv_heads = local_q_heads, local_kv_heads
+
+    def kv_input(self, src):
+        """The kv tensor as it travels: replicated P/n_kv times when there are fewer kv heads than ranks."""
+        if self.replicate > 1:
+            return self.graph.call_function(torch.repeat_interleave, (src, self.replicate), {"dim": 1})
+        return src
+
+    def call(self, target, args, kwargs=None):
+        new = self.graph.call_function(target, args, kwargs or {})
+        if "stack_trace" in self.node.meta:
+            new.meta["stack_trace"] = self.node.meta["stack_trace"]
+        return new
+
+
+def _blocking(plan: _Layer) -> None:
+    graph, node, group = plan.graph, plan.node, plan.group
+    with graph.inserting_before(node):
+        q2 = plan.call(A2A, (plan.q, 1, 2, group))
+        kv = [plan.call(A2A, (plan.kv_input(src), 1, 2, group)) for src in (plan.k_src, plan.v_src)]
+    set_named_args(node, SDPA_ARGS, query=q2, key=kv[0], value=kv[1],
+                   enable_gqa=plan.local_kv_heads != plan.local_q_heads)
+    with graph.inserting_after(node):
+        out = plan.call(A2A, (node, 2, 1, group))
+    node.replace_all_uses_with(out, delete_user_cb=lambda user: user is not out)
+    node.meta["autosp_ulysses"] = True
+
+
+def _insertion_point(graph, src: fx.Node) -> fx.Node:
+    """Right after ``src``, or after the last placeholder when ``src`` is a graph input."""
+    if src.op == "placeholder":
+        return [n for n in graph.nodes if n.op == "placeholder"][-1]
+    return src
+
+
+def _kv_async(plan: _Layer) -> None:
+    graph, node, group = plan.graph, plan.node, plan.group
+    starts = []
+    for src in (plan.k_src, plan.v_src):
+        with graph.inserting_after(_insertion_point(graph, src)):
+            travelling = plan.kv_input(src)
+        with graph.inserting_after(_insertion_point(graph, travelling)):
+            starts.append(plan.call(A2A_START, (travelling, 1, 2, group)))
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    anchor = max(starts, key=position.__getitem__)
+    _move_query_path_after(graph, plan.q, (plan.k_src, plan.v_src), anchor, position)
+    dtype_k, dtype_v = _dtype(plan.k_src), _dtype(plan.v_src)
+    with graph.inserting_before(node):
+        q2 = plan.call(A2A, (plan.q, 1, 2, group))
+        k2 = plan.call(A2A_WAIT, (starts[0], 1, 2, group, dtype_k))
+        v2 = plan.call(A2A_WAIT, (starts[1], 1, 2, group, dtype_v))
+    set_named_args(node, SDPA_ARGS, query=q2, key=k2, value=v2, enable_gqa=plan.local_kv_heads != plan.local_q_heads)
+    with graph.inserting_after(node):
+        out = plan.call(A2A, (node, 2, 1, group))
+    node.replace_all_uses_with(out, delete_user_cb=lambda user: user is not out)
+    node.meta["autosp_ulysses"] = True
+
+
+def _dtype(node: fx.Node) -> torch.dtype:
+    value = node.meta.get("example_value", node.meta.get("val"))
+    if not isinstance(value, torch.Tensor):
+        fail("internal: attention input without a recorded dtype", node)
+    return value.dtype
+
+
+def _move_query_path_after(graph, q: fx.Node, kv_sources, anchor: fx.Node, position: dict) -> list:
+    """Move the nodes only the query needs (its projection, RoPE, ...) from before ``anchor`` to after it.
+
+    A node moves only if each of its users is also moved or already after ``anchor``, so the graph stays
+    topologically ordered. Returns the moved nodes in their (kept) relative order.
+    """
+    shared = set()
+    for src in kv_sources:
+        shared |= ancestors(src) | {src}
+    query_only = {n for n in ancestors(q) | {q}
+                  if n not in shared and n.op not in ("placeholder", "get_attr") and position[n] < position[anchor]}
+    movable: set = set()
+    for n in sorted(query_only, key=position.__getitem__, reverse=True):
+        if all(u in movable or position[u] > position[anchor] for u in n.users):
+            movable.add(n)
+    cursor = anchor
+    moved = sorted(movable, key=position.__getitem__)
+    for n in moved:
+        cursor.append(n)
+        cursor = n
+    return moved
+
+
+def head_groups(local_q: int, local_kv: int, chunks: int) -> list[tuple[int, int, int, int]]:
+    """(q_lo, q_hi, kv_lo, kv_hi) of each head group, local heads; ``chunks`` <= local_q groups.
+
+    With at least ``chunks`` kv heads, the groups are whole kv heads (split as evenly as possible) with
+    their query heads; otherwise every kv head's query heads are split into pieces, ``chunks`` in all.
+    """
+    ratio = local_q // local_kv
+    if local_kv >= chunks:
+        bounds = [len(t) for t in torch.arange(local_kv).tensor_split(chunks)]
+        out, lo = [], 0
+        for n in bounds:
+            out.append((lo * ratio, (lo + n) * ratio, lo, lo + n))
+            lo += n
+        return out
+    pieces = [chunks // local_kv + (1 if i < chunks % local_kv else 0) for i in range(local_kv)]
+    out = []
+    for kv, n in enumerate(pieces):
+        for t in torch.arange(kv * ratio, (kv + 1) * ratio).tensor_split(n):
+            out.append((int(t[0]), int(t[-1]) + 1, kv, kv + 1))
+    return out
+
+
+def _head_pipeline(plan: _Layer, chunks: int) -> None:
+    graph, node, group, p = plan.graph, plan.node, plan.group, plan.p
+    hq, hk = plan.local_q_heads, plan.local_kv_heads
+    groups = head_groups(hq, hk, chunks)
+    dtypes = {"q": _dtype(plan.q), "k": _dtype(plan.k_src), "v": _dtype(plan.v_src)}
+    args = plan.args
+
+    def heads(t, local, lo, hi):
+        # [B, P*local, s, d] -> every rank's heads lo:hi, rank-major: [B, P*(hi-lo), s, d]
+        view = plan.call(torch.unflatten, (t, 1, (p, local)))
+        part = plan.call(operator.getitem, (view, (slice(None), slice(None), slice(lo, hi))))
+        return plan.call(torch.flatten, (part, 1, 2))
+
+    with graph.inserting_before(node):
+        k_in, v_in = plan.kv_input(plan.k_src), plan.kv_input(plan.v_src)
+        started, received, kv_of, outs_started, outs = {}, {}, {}, {}, []
+        sent_kv = 0
+
+        def start(g):
+            nonlocal sent_kv
+            q_lo, q_hi, kv_lo, kv_hi = groups[g]
+            entry = {"q": plan.call(A2A_START, (heads(plan.q, hq, q_lo, q_hi), 1, 2, group))}
+            if kv_hi > sent_kv:
+                if kv_lo != sent_kv:
+                    fail("internal: head groups do not follow the kv heads", node)
+                entry["k"] = plan.call(A2A_START, (heads(k_in, hk, kv_lo, kv_hi), 1, 2, group))
+                entry["v"] = plan.call(A2A_START, (heads(v_in, hk, kv_lo, kv_hi), 1, 2, group))
+                sent_kv = kv_hi
+                kv_of[(kv_lo, kv_hi)] = g
+            started[g] = entry
+
+        def wait(g):
+            received[g] = {name: plan.call(A2A_WAIT, (t, 1, 2, group, dtypes[name])) for name, t in started[g].items()}
+
+        def attend(g):
+            q_lo, q_hi, kv_lo, kv_hi = groups[g]
+            kv = received[kv_of[(kv_lo, kv_hi)]]
+            out = plan.call(node.target, (received[g]["q"], kv["k"], kv["v"]),
+                            {"dropout_p": args["dropout_p"], "is_causal": True, "scale": args["scale"],
+                             "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo)})
+            out.meta["autosp_ulysses"] = True
+            out.meta["autosp_head_group"] = g  # one layer's attention is several SDPA calls here
+            outs_started[g] = plan.call(A2A_START, (out, 2, 1, group))
+
+        def wait_out(g):
+            done = plan.call(A2A_WAIT, (outs_started[g], 2, 1, group, dtypes["q"]))
+            q_lo, q_hi = groups[g][:2]
+            outs.append(plan.call(torch.unflatten, (done, 1, (p, q_hi - q_lo))))
+
+        start(0)
+        if len(groups) > 1:
+            start(1)
+        for g in range(len(groups)):
+            wait(g)
+            attend(g)
+            if g >= 1:
+                wait_out(g - 1)
+            if g + 2 < len(groups):
+                start(g + 2)
+        wait_out(len(groups) - 1)
+        merged = plan.call(torch.flatten, (plan.call(torch.cat, (outs,), {"dim": 2}), 1, 2))
+    node.replace_all_uses_with(merged)
+    graph.erase_node(node)
+
+
+# --- Inductor: keep the overlap windows -------------------------------------------------------------------
+# Inductor's scheduler re-sorts nodes after fusion (and for peak memory), which can move an all-to-all
+# start down to its wait and so close the window (seen on the backward of kv_async: the inverse K/V
+# starts moved past the Q path). A post-grad pass pins the order the graph was built in: every
+# heavy node (matmul, attention, autosp op) between a start and its wait gets the start as an extra
+# dependency, and the wait gets every one of them, with Inductor's own ``control_deps`` mechanism
+# (the one it uses to order collectives around matmuls). Every added edge agrees with the existing
+# order, so no cycle can appear. It also keeps the collectives in one fixed order on every rank.
+_HEAVY_ATEN = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention_for_cpu",
+               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu_backward",
+               "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+               "_scaled_dot_product_cudnn_attention_backward")
+
+
+def _heavy(node: fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    return target.namespace == "autosp_ops" or (target.namespace == "aten" and target._opname in _HEAVY_ATEN)
+
+
+def overlap_window_deps(graph: fx.Graph) -> dict:
+    """{node: nodes it must follow} that keep each start ... wait window as built."""
+    nodes = list(graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    deps: dict = {}
+    for start in (n for n in nodes if n.op == "call_function" and n.target is A2A_START):
+        waits = [u for u in start.users if u.op == "call_function" and u.target is A2A_WAIT]
+        if len(waits) != 1:
+            continue
+        wait = waits[0]
+        inside = [n for n in nodes[position[start] + 1:position[wait]] if _heavy(n)]
+        for n in inside:
+            deps.setdefault(n, {})[start] = None
+        deps.setdefault(wait, {}).update(dict.fromkeys(inside))
+    return {n: list(before) for n, before in deps.items() if before}
+
+
+def pin_overlap_order(graph: fx.Graph) -> int:
+    """Apply :func:`overlap_window_deps` with ``control_deps``; returns how many nodes were pinned (0 when
+    this torch has no ``control_deps``: the order is then Inductor's, see the README)."""
+    try:
+        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+        from torch.utils._ordered_set import OrderedSet
+    except ImportError:  # torch < 2.10
+        return 0
+    deps = overlap_window_deps(graph)
+    if deps:
+        preserve_node_ordering(graph, {n: OrderedSet(before) for n, before in deps.items()})
+    return len(deps)
+
+
+def inductor_config_patches(ctx: SPContext) -> dict:
+    """``compile_fx(config_patches=...)`` for this engine: the window-pinning pass when overlapping."""
+    if ctx.overlap == "none":
+        return {}
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class PinOverlapOrder(CustomGraphPass):
+        def __call__(self, graph: fx.Graph) -> None:
+            pin_overlap_order(graph)
+
+        def uuid(self):
+            return "autosp-pin-overlap-order-v1"
+
+    return {"post_grad_custom_post_pass": PinOverlapOrder()}
+
+
 def wrapped(node: fx.Node) -> bool:
-    """Is this SDPA call's every input and its output an autosp all-to-all?"""
+    """Is this SDPA call's every input and its output an autosp all-to-all (blocking, or a start/wait pair)?"""
     args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
-    inputs_ok = all(isinstance(args[k], fx.Node) and is_call(args[k], {A2A}) for k in ("query", "key", "value"))
-    return inputs_ok and bool(node.users) and all(is_call(u, {A2A}) for u in node.users)
+    inputs_ok = all(isinstance(args[k], fx.Node) and is_call(args[k], {A2A, A2A_WAIT})
+                    for k in ("query", "key", "value"))
+    return inputs_ok and bool(node.users) and all(is_call(u, {A2A, A2A_START}) for u in node.users)
 
 
 __all__ = ["attention_pass", "wrapped", "ops"]

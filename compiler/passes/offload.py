@@ -47,7 +47,7 @@ OFFLOADED: collections.Counter = collections.Counter()
 """Bytes moved by ``offload`` (key ``"bytes"``) and ``reload`` (key ``"reload_bytes"``), calls (``"calls"``)."""
 
 _HOST_COPIES: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
-_PENDING: dict = {}          # data_ptr of an offload/reload output -> CUDA event of its copy
+_PENDING: dict = {}          # data_ptr of an offload/reload output -> (CUDA event of its copy, device)
 _STREAMS: dict = {}          # device -> side stream for the copies
 
 
@@ -78,7 +78,7 @@ def offload(x: torch.Tensor) -> torch.Tensor:
             host.copy_(x, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        _PENDING[host.data_ptr()] = event
+        _PENDING[host.data_ptr()] = (event, x.device)
     else:
         host = torch.empty(x.shape, dtype=x.dtype, device="cpu")
         host.copy_(x)
@@ -104,7 +104,7 @@ def reload(host: torch.Tensor, device: torch.device, size: list[int], stride: li
             out.copy_(host, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        _PENDING[out.data_ptr()] = event
+        _PENDING[out.data_ptr()] = (event, out.device)
     else:
         out.copy_(host)
     OFFLOADED["reload_bytes"] += out.numel() * out.element_size()
@@ -124,9 +124,10 @@ _lib.define("reload_wait(Tensor(a) x) -> Tensor(a)")
 
 
 def _wait_for(t: torch.Tensor) -> None:
-    event = _PENDING.pop(t.data_ptr(), None)
-    if event is not None:
-        torch.cuda.current_stream().wait_event(event)
+    pending = _PENDING.pop(t.data_ptr(), None)
+    if pending is not None:
+        event, device = pending
+        torch.cuda.current_stream(device).wait_event(event)
 
 
 @torch.library.impl("autosp_ops::offload_wait", "CompositeExplicitAutograd")
