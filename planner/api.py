@@ -402,10 +402,16 @@ def _leanest(space, seq_len: int):
         per = target.per_sp_choices(sp)
         if per is None or not per["micro_batch"]:
             continue
-        for ckpt, offload, optim in itertools.product(("full", "sequence"), (True, False), (True, False)):
-            cand = target.make(sp=sp, zero_stage=max(per["zero_stage"]), micro_batch=min(per["micro_batch"]),
+        # ZeRO-3 cannot tile the loss (space.zero3_loss_ok): the leanest is either ZeRO-3 untiled or the
+        # highest other stage with the loss tiled finest.
+        zero_loss = {(max(per["zero_stage"]), 1),
+                     (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
+                      max(per["loss_chunks"] or (1,)))}
+        for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
+                                                                     (True, False), sorted(zero_loss)):
+            cand = target.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
-                               loss_chunks=max(per["loss_chunks"] or (1,)), offload_activations=offload,
+                               loss_chunks=loss, offload_activations=offload,
                                overlap="none", offload_optimizer=optim)
             if target.reason(cand):
                 continue

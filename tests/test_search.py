@@ -61,7 +61,7 @@ def test_max_ctx_optuna_matches_exhaustive():
 def test_max_context_is_the_boundary_of_fitting():
     space = _space("llama-3.1-8b", CTX_GRANULE, "h100x8")
     ev = Evaluator(space)
-    cand = space.make(sp=8, zero_stage=3, micro_batch=1, checkpointing="full", mlp_chunks=8, loss_chunks=16,
+    cand = space.make(sp=8, zero_stage=2, micro_batch=1, checkpointing="full", mlp_chunks=8, loss_chunks=16,
                       offload_activations=False, overlap="none")
     ctx = ev.max_context(cand)
     assert ctx > 0 and ev.fits(cand, ctx) and not ev.fits(cand, ctx + CTX_GRANULE)

@@ -110,13 +110,26 @@ def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
 
 def test_neighbours_change_one_knob():
     space = build_space(LLAMA, cluster(), Workload(131072))
-    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", mlp_chunks=4, loss_chunks=8, offload_optimizer=True)
+    cand = Candidate(sp=8, zero_stage=2, checkpointing="full", mlp_chunks=4, loss_chunks=8, offload_optimizer=True)
     neighbours = list(space.neighbours(cand))
     assert neighbours and cand not in neighbours
     for other in neighbours:
         changed = [k for k in space.KNOBS if getattr(other, k) != getattr(cand, k)]
         assert 1 <= len(changed) <= 3  # sp moves with overlap/micro-batch; offloads may be canonicalised
         assert space.reason(other) is None
+
+
+def test_zero3_never_tiles_the_loss():
+    # the compiler cannot tile the loss under ZeRO-3 (its LM head is a graph of its own): never planned
+    space = build_space(LLAMA, cluster(), Workload(131072))
+    cands = list(space.candidates())
+    assert len(cands) == space.size()
+    assert not any(c.zero_stage == 3 and c.loss_chunks > 1 for c in cands)
+    assert any(c.zero_stage == 3 for c in cands) and any(c.loss_chunks > 1 for c in cands)
+    bad = Candidate(sp=8, zero_stage=3, checkpointing="full", loss_chunks=8)
+    assert "zero_stage=3" in space.reason(bad)
+    nearest = space.make_nearest(**{k: getattr(bad, k) for k in space.KNOBS})
+    assert (nearest.zero_stage, nearest.loss_chunks) == (3, 1) and space.reason(nearest) is None
 
 
 def test_space_version_tracks_the_rules_source():
