@@ -445,7 +445,10 @@ def render_check(r: dict) -> str:
         speed = f"{now['tokens_per_second']:,.0f} tokens/s predicted now"
         if r["committed"]:
             speed += f" (committed: {r['committed']['tokens_per_second']:,.0f})"
-        if r["best"]:
+        if r["best"] and t["objective"] == "max-ctx":
+            speed += (f"; longest context found now {r['best']['seq_len']:,} tokens ({r['best']['short']}), "
+                      f"committed {t['workload']['seq_len']:,}")
+        elif r["best"]:
             speed += f"; best found now {r['best']['tokens_per_second']:,.0f} ({r['best']['short']})"
         lines.append(f"  {'speed':<10}{speed}")
         if r["gap"] is not None:

@@ -315,7 +315,13 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     if shared is not None:
         from autosp.planner.study import finished_candidates
 
-        for cand in finished_candidates(study.optuna, study.study):  # every worker's trials
+        finished = finished_candidates(study.optuna, study.study)  # every worker's trials
+        if shared.collect_only and not finished:
+            from autosp.errors import UsageError
+
+            raise UsageError(f"the shared study {shared.study_name!r} has no finished trials yet: run workers "
+                             f"with --trials N first (same request and --study-name), then --trials 0")
+        for cand in finished:
             if not target.reason(cand):
                 evaluator(cand, seq)
     after_trials = evaluator.calls

@@ -36,7 +36,7 @@ def pg_server():
     if os.environ.get("AUTOSP_CI") == "1":
         _unavailable("AUTOSP_CI=1 but AUTOSP_TEST_PG_URL is unset (.ci/run sets it)")
     try:
-        out = subprocess.run([str(PG_SERVER), "start"], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(["bash", str(PG_SERVER), "start"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as err:
         _unavailable(f"could not start one with .ci/pg-server ({err})")
     if out.returncode != 0:
@@ -45,7 +45,7 @@ def pg_server():
     try:
         yield url
     finally:
-        subprocess.run([str(PG_SERVER), "stop", directory], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(PG_SERVER), "stop", directory], capture_output=True, timeout=120)
 
 
 @pytest.fixture

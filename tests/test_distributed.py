@@ -89,7 +89,9 @@ def test_storage_usage_errors(tmp_path):
     for args, needle in ((("--storage", "nosuchdialect://x"), "--storage"),
                          (("--storage", f"sqlite:///{tmp_path}/s.db", "--objective", "max-ctx"), "throughput"),
                          (("--study-name", "x"), "--storage"),
-                         (("--trials", "0"), "--trials")):
+                         (("--trials", "0"), "--trials"),
+                         # collecting from a study no worker has run yet (fresh storage, mistyped name)
+                         (("--storage", f"sqlite:///{tmp_path}/empty.db", "--trials", "0"), "no finished trials")):
         out = _run(*REQUEST, *args)
         assert out.returncode == 2 and needle in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
