@@ -105,7 +105,7 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     bandwidth = (hw.inter_node_bandwidth if spans else hw.intra_node_bandwidth) * hw.comm_efficiency
     alpha = (hw.inter_node_latency if spans else hw.intra_node_latency) * (g - 1)
     one_pass = _xfer((g - 1) / g * n_params * e, bandwidth)  # reduce-scatter or all-gather bytes
-    reduce_calls = math.ceil(n_params / ds.REDUCE_BUCKET_SIZE)
+    reduce_calls = math.ceil(n_params / ds.reduce_bucket_elements(n_params))
     stage = cand.zero_stage
     if stage == 0:
         t = 2.0 * (alpha * reduce_calls + one_pass)  # all-reduce = reduce-scatter + all-gather

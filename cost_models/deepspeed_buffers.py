@@ -5,8 +5,11 @@ The DeepSpeed config writer (planner) copies these values into ``zero_optimizati
 them, so the config and the prediction agree. Sizes are in *elements* (DeepSpeed's unit), not bytes.
 
 DeepSpeed's defaults (``deepspeed/runtime/zero/config.py``) are reduce/allgather buckets of 5e8
-elements, which with ``overlap_comm`` cost 4.5 x (reduce + allgather) x 2 bytes = 9 GB of buffers
-(DeepSpeed ZeRO docs, ``overlap_comm``). Long-context training needs that memory for activations, so
+elements; with ``overlap_comm`` at stages 1-2 DeepSpeed 0.19.8 allocates two gradient staging buffers of
+``reduce_bucket_size`` elements (``DeepSpeedZeroOptimizer.setup_buckets`` in
+``deepspeed/runtime/zero/stage_1_and_2.py``: ``buf_0`` and, with overlap_comm, ``buf_1``), 2 GB in bf16
+at the default. (DeepSpeed's docs still say "4.5x the allgather_bucket_size and reduce_bucket_size";
+studies/knob_costs.py measured the two buffers and nothing else.) Long-context training needs that memory for activations, so
 autosp uses 10x smaller buckets: 5e7 elements still amortise the collective latency (a 100 MB bf16
 bucket takes ~0.3 ms on NVLink, ~2 ms on 400 Gb/s InfiniBand against ~10 us of latency).
 """
@@ -30,22 +33,33 @@ STAGE3_PARAM_PERSISTENCE_THRESHOLD = 100_000
 """``stage3_param_persistence_threshold``: parameters smaller than this stay gathered (norms, biases)."""
 
 OVERLAP_COMM = True
-"""``overlap_comm``: overlap gradient reduction with the backward pass (costs the 4.5x buffers at 1-2)."""
+"""``overlap_comm``: overlap gradient reduction with the backward pass (a second staging buffer at 1-2)."""
 
 CONTIGUOUS_GRADIENTS = True
 """``contiguous_gradients``: copy gradients into one contiguous buffer as they are produced."""
 
-OVERLAP_BUFFER_FACTOR = 4.5
-"""DeepSpeed documents that ``overlap_comm`` at stages 1-2 uses 4.5x the two bucket sizes."""
+STAGING_BUFFERS = 2 if OVERLAP_COMM else 1
+"""Gradient staging buffers of ``reduce_bucket_size`` elements ZeRO 1-2 allocates (double-buffered with
+overlap_comm; stage_1_and_2.py ``setup_buckets``)."""
 
 
-def zero_config_fields(stage: int) -> dict:
+def reduce_bucket_elements(n_params: float | None = None) -> int:
+    """``reduce_bucket_size`` for a model of ``n_params`` parameters: REDUCE_BUCKET_SIZE, never more than
+    the model. DeepSpeed allocates its staging buffers at the configured size whatever the model
+    (studies/knob_costs.py measured 2 x 5e7 fp32 elements for a 7M-parameter model), so a bucket larger
+    than the model is memory spent on nothing."""
+    if n_params is None:
+        return REDUCE_BUCKET_SIZE
+    return int(min(REDUCE_BUCKET_SIZE, max(1, n_params)))
+
+
+def zero_config_fields(stage: int, n_params: float | None = None) -> dict:
     """The ``zero_optimization`` keys these constants correspond to, for the config writer."""
     fields = {
         "stage": stage,
         "overlap_comm": OVERLAP_COMM,
         "contiguous_gradients": CONTIGUOUS_GRADIENTS,
-        "reduce_bucket_size": REDUCE_BUCKET_SIZE,
+        "reduce_bucket_size": reduce_bucket_elements(n_params),
     }
     if stage in (1, 2):
         fields["allgather_bucket_size"] = ALLGATHER_BUCKET_SIZE

@@ -223,20 +223,20 @@ def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
     """All-to-all staging (send + receive of the largest q/k/v/out tensor) and ZeRO buckets.
 
     ZeRO buckets (elements in deepspeed_buffers, gradients in the training dtype): stage 0 one
-    reduce bucket; stages 1-2 with overlap_comm 4.5 x (reduce + allgather) buckets (DeepSpeed
-    documents this factor); stage 3 a double-buffered reduce bucket (the prefetch bucket is counted
-    with the gathered parameters).
+    reduce bucket; stages 1-2 two gradient staging buffers of a reduce bucket each with overlap_comm
+    (deepspeed_buffers.STAGING_BUFFERS; measured by studies/knob_costs.py); stage 3 a double-buffered
+    reduce bucket (the prefetch bucket is counted with the gathered parameters).
     """
     e = sh.e
     a2a = 2.0 * sh.s * max(sh.q, sh.k_eff) * e if sh.P > 1 else 0.0
     stage = cand.zero_stage
+    bucket = ds.reduce_bucket_elements(sh.n_params)
     if stage == 0:
-        zero = ds.REDUCE_BUCKET_SIZE * e
+        zero = bucket * e
     elif stage in (1, 2):
-        factor = ds.OVERLAP_BUFFER_FACTOR if ds.OVERLAP_COMM else 1.0
-        zero = factor * (ds.REDUCE_BUCKET_SIZE + ds.ALLGATHER_BUCKET_SIZE) * e
+        zero = ds.STAGING_BUFFERS * bucket * e
     else:
-        zero = (2.0 if ds.OVERLAP_COMM else 1.0) * ds.REDUCE_BUCKET_SIZE * e
+        zero = (2.0 if ds.OVERLAP_COMM else 1.0) * bucket * e
     return a2a + zero
 
 

@@ -36,10 +36,10 @@ GRADIENT_CLIPPING = 1.0
 STEPS_PER_PRINT = 10
 
 
-def _zero_section(stage: int, offload_optimizer: bool) -> dict:
+def _zero_section(stage: int, offload_optimizer: bool, n_params: float | None = None) -> dict:
     from autosp.cost_models.deepspeed_buffers import zero_config_fields
 
-    section = dict(zero_config_fields(stage))
+    section = dict(zero_config_fields(stage, n_params))
     if offload_optimizer:
         # ZeRO-Offload: DeepSpeed then requires its CPU Adam (DeepSpeedCPUAdam) as the optimizer
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -59,7 +59,7 @@ def deepspeed_config(plan) -> dict:
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "bf16": {"enabled": w.dtype == "bf16"},
-        "zero_optimization": _zero_section(c.zero_stage, c.offload_optimizer),
+        "zero_optimization": _zero_section(c.zero_stage, c.offload_optimizer, plan.model.n_params()),
         "autosp": {
             "note": ("DeepSpeed's data-parallel world here is all dp*sp ranks; train_batch_size counts "
                      "sequence shards (sp per sequence). Sequences per optimizer step: "
