@@ -48,10 +48,6 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
             candidate = Candidate(sp=sp_size, **overrides)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    if candidate.zero_stage == 3 and candidate.loss_chunks > 1:
-        raise UsageError(f"loss_chunks={candidate.loss_chunks} does not work with zero_stage=3 yet: ZeRO-3's module "
-                         f"hooks put the LM head in a graph of its own, so the full logits exist before the loss "
-                         f"can be tiled; re-plan with loss_chunks=1 or zero_stage<=2")
     _check_checkpointing(candidate)
     return candidate, source
 
@@ -238,6 +234,12 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
     import deepspeed.utils.nvtx
 
+    if ctx.fragments and candidate.loss_chunks > 1:
+        from autosp.compiler.zero3 import persist_lm_head
+
+        if not persist_lm_head(ds_engine):  # the LM head must be traced inline with the loss to tile it
+            raise UsageError("loss_chunks > 1 under ZeRO-3 needs the model's LM head (get_output_embeddings() or "
+                             "an lm_head module); re-plan with loss_chunks=1 or zero_stage<=2")
     if ctx.fragments:
         _keep_zero3_hooks_eager(ds_engine.module)
 

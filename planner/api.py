@@ -402,9 +402,9 @@ def _leanest(space, seq_len: int):
         per = target.per_sp_choices(sp)
         if per is None or not per["micro_batch"]:
             continue
-        # ZeRO-3 cannot tile the loss (space.zero3_loss_ok): the leanest is either ZeRO-3 untiled or the
-        # highest other stage with the loss tiled finest.
-        zero_loss = {(max(per["zero_stage"]), 1),
+        # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
+        # ZeRO-3 untiled or the highest other stage with the loss tiled finest.
+        zero_loss = {(max(per["zero_stage"]), max(per["loss_chunks"] or (1,))), (max(per["zero_stage"]), 1),
                      (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
                       max(per["loss_chunks"] or (1,)))}
         for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),

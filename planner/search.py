@@ -72,8 +72,8 @@ def warm_starts(space) -> list[dict]:
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
-    # ZeRO-3 cannot tile the loss (space.zero3_loss_ok), so the leanest plan is ZeRO-2 with the loss
-    # tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
+    # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
+    # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
     lean_tiled_loss = dict(lean, zero_stage=2)
     starts = []
     for knobs in (lean, lean_tiled_loss, middle, fast):

@@ -27,7 +27,7 @@ Validity rules (design.md section 2)
 - ``head_pipeline`` needs at least two local query heads to pipeline;
 - a sequence that does not divide by sp is padded up to a multiple of sp (pad tokens carry ignored
   labels): valid, and :func:`padding` says how much is wasted;
-- ``loss_chunks > 1`` only at ZeRO stage <= 2 (the compiler cannot tile the loss under ZeRO-3 yet);
+- ``loss_chunks > 1`` at ZeRO stage 3 only for untied embeddings (:func:`zero3_loss_ok`);
 - tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
   tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
   tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
@@ -108,11 +108,12 @@ def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: 
     return None
 
 
-def zero3_loss_ok(zero_stage: int, loss_chunks: int) -> bool:
-    """The one rule that couples two knobs once sp is fixed. The compiler cannot tile the loss under
-    ZeRO-3 yet: DeepSpeed's module hooks put the LM head in a graph of its own, so the full logits exist
-    before the loss (compiler/api.py rejects the pair too)."""
-    return zero_stage < 3 or loss_chunks == 1
+def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
+    """The one rule that couples two knobs once sp is fixed. Under ZeRO-3 the compiler tiles the loss by
+    keeping the LM head gathered and traced inline with the loss (compiler/zero3.py); with tied
+    embeddings DeepSpeed releases that shared weight after the embedding's forward, so the pair is not
+    offered for tied models (compiler/api.py rejects it too)."""
+    return zero_stage < 3 or loss_chunks == 1 or not model.tied_embeddings
 
 
 def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
@@ -127,8 +128,8 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
         return f"overlap {cand.overlap!r} needs an all-to-all (sp > 1)"
     if cand.overlap == "head_pipeline" and model.n_heads // cand.sp < 2:
         return f"head_pipeline needs at least 2 local query heads, sp={cand.sp} leaves {model.n_heads // cand.sp}"
-    if not zero3_loss_ok(cand.zero_stage, cand.loss_chunks):
-        return "loss_chunks > 1 is not supported with zero_stage=3 (the LM head is its own graph)"
+    if not zero3_loss_ok(model, cand.zero_stage, cand.loss_chunks):
+        return "loss_chunks > 1 is not supported with zero_stage=3 for a model with tied embeddings"
     tokens = local_tokens(workload.seq_len, cand.sp)
     for name in ("mlp_chunks", "loss_chunks"):
         chunks = getattr(cand, name)
@@ -222,8 +223,8 @@ class SearchSpace:
                 if valid and knobs[name] not in valid:
                     below = [v for v in valid if v <= knobs[name]]
                     knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
-        if knobs["zero_stage"] == 3 and knobs["loss_chunks"] > 1:
-            knobs = dict(knobs, loss_chunks=1)  # see zero3_loss_ok
+        if not zero3_loss_ok(self.model, knobs["zero_stage"], knobs["loss_chunks"]):
+            knobs = dict(knobs, loss_chunks=1)
         return self.make(**knobs)
 
     def min_seq_len(self, cand: Candidate) -> int:
@@ -270,7 +271,7 @@ class SearchSpace:
                     continue  # canonical: offload needs checkpointed tensors
                 if optim and zero == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
-                if not zero3_loss_ok(zero, loss):
+                if not zero3_loss_ok(self.model, zero, loss):
                     continue
                 yield self.make(sp=sp, zero_stage=zero, micro_batch=micro, checkpointing=ckpt, mlp_chunks=mlp,
                                 loss_chunks=loss, offload_activations=offload, overlap=overlap,
@@ -286,7 +287,7 @@ class SearchSpace:
             acts, optims = per["offload_activations"], per["offload_optimizer"]
             n_ckpt_offload = sum((False in acts) + (c != "none" and True in acts) for c in per["checkpointing"])
             n_zero_loss_optim = sum(((False in optims) + (z >= 1 and True in optims))
-                                    * sum(zero3_loss_ok(z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
+                                    * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
             total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
                       * len(per["overlap"]))
         return total

@@ -62,6 +62,12 @@ CASES = {
     # ZeRO-3 (every layer its own graph): MLP tiling and the head pipeline
     "zero3_mlp2_head_pipeline": (reference_llama, dict(seq=32),
                                  dict(mlp_chunks=2, overlap="head_pipeline", zero_stage=3), dict(ds_config=Z3)),
+    # ZeRO-3 with the loss tiled: the LM head is made persistent and traced inline with the loss (zero3.py);
+    # HF Llama (get_output_embeddings) and the reference model (its lm_head), with MLP tiling
+    "zero3_hf_llama_loss4": (lambda: hf_model("llama"), dict(seq=32), dict(loss_chunks=4, zero_stage=3),
+                             dict(ds_config=Z3)),
+    "zero3_loss3_mlp2": (reference_llama, dict(seq=30), dict(loss_chunks=3, mlp_chunks=2, zero_stage=3),
+                         dict(ds_config=Z3)),
 }
 
 
@@ -327,14 +333,13 @@ def test_loss_tiling_refuses_logits_used_outside_the_loss():
         loss_tiling_pass(gm, inputs, ctx)
 
 
-def test_plan_knobs_are_applied_and_zero3_loss_tiling_is_refused():
+def test_plan_knobs_are_applied_and_unknown_values_refused():
     from autosp.compiler.api import resolve_candidate
 
     candidate, _ = resolve_candidate(Candidate(sp=2, mlp_chunks=4, loss_chunks=8, overlap="head_pipeline"))
     assert (candidate.mlp_chunks, candidate.loss_chunks, candidate.overlap) == (4, 8, "head_pipeline")
-    resolve_candidate(Candidate(sp=2, zero_stage=3, mlp_chunks=4, overlap="kv_async"))
-    with pytest.raises(UsageError, match="loss_chunks=4 does not work with zero_stage=3"):
-        resolve_candidate(Candidate(sp=2, zero_stage=3, loss_chunks=4))
+    candidate, _ = resolve_candidate(Candidate(sp=2, zero_stage=3, loss_chunks=4, overlap="kv_async"))
+    assert (candidate.zero_stage, candidate.loss_chunks) == (3, 4)
     with pytest.raises(ValueError, match="overlap must be one of"):
         Candidate(sp=2, overlap="ring")
 

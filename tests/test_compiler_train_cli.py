@@ -49,8 +49,11 @@ def test_plan_file_is_read_and_unsupported_knobs_rejected(tmp_path):
     candidate, _ = resolve_candidate(str(knobs), None, 2)
     assert (candidate.checkpointing, candidate.mlp_chunks, candidate.loss_chunks, candidate.overlap) == (
         "selective", 2, 2, "kv_async")
-    bad = write_plan(tmp_path / "bad.json", Candidate(sp=2, zero_stage=3, loss_chunks=2))
-    with pytest.raises(UsageError, match="loss_chunks=2 does not work with zero_stage=3"):
+    bad = write_plan(tmp_path / "bad.json", Candidate(sp=2))
+    data = json.loads(bad.read_text())
+    data["candidate"]["checkpointing"] = "everything"  # a knob value no pass implements
+    bad.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="checkpointing"):
         resolve_candidate(str(bad), None, 2)
 
 

@@ -1,0 +1,72 @@
+"""ZeRO-3 and the tiled loss: keep the LM head gathered so it is traced inline with the loss.
+
+Under ZeRO-3 DeepSpeed gathers a module's parameters in hooks around its call; autosp keeps those hooks
+eager (compiler/api.py), so every module with parameters is a graph of its own. For the LM head that
+is fatal to loss tiling: its graph would return the full s x vocab logits before the loss graph could
+tile them. With ``loss_chunks > 1`` the engine therefore makes the LM head's weight (and bias) a
+*persistent* ZeRO-3 parameter -- gathered on every rank for the whole run, as DeepSpeed does by itself
+for parameters under ``stage3_param_persistence_threshold`` -- and removes DeepSpeed's hooks from the
+LM head module, so Dynamo traces ``F.linear(hidden, W)`` inline in the graph that computes the loss
+and the tiling pass fuses them.
+
+Why this stays exact and consistent with DeepSpeed:
+
+- a persistent parameter is never released by the coordinator (it skips ``ds_persist`` parameters);
+  DeepSpeed re-gathers every persistent parameter after each optimizer step (``_post_step``), so the
+  inline weight is always the updated one;
+- gradients still flow through the parameter's own gradient hook (ZeRO-3 registers one per parameter,
+  not per module): the full gradient is reduce-scattered into this rank's partition as for any other
+  parameter;
+- tied embeddings are refused: DeepSpeed still releases the shared weight around the embedding's
+  forward (measured: the inline LM head then sees an empty partition), so the planner never offers
+  the pair for a tied model and :func:`persist_lm_head` raises.
+
+Cost: the LM head's weight is resident on every rank (vocab x hidden x dtype bytes, 1 GiB for
+Llama-3.1-8B in bf16) instead of being gathered only around its use. The cost model charges it
+(cost_models/memory.py ``model_states``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def lm_head_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The output projection: Hugging Face's ``get_output_embeddings()``, else a child named ``lm_head``."""
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            head = getter()
+        except (NotImplementedError, AttributeError):
+            head = None
+        if isinstance(head, torch.nn.Module):
+            return head
+    head = getattr(model, "lm_head", None)
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+def persist_lm_head(ds_engine) -> int:
+    """Make the LM head's parameters persistent and unhook it (see the module doc); returns the number of
+    parameter elements made persistent (0 when the model has no recognisable LM head)."""
+    module = ds_engine.module
+    head = lm_head_module(module)
+    if head is None:
+        return 0
+    embedding_params = {id(p) for m in module.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    if any(id(p) in embedding_params for p in head.parameters()):
+        from autosp.errors import UsageError
+
+        raise UsageError("loss_chunks > 1 under ZeRO-3 does not work with tied embeddings yet; re-plan with "
+                         "loss_chunks=1 or zero_stage<=2")
+    for hooks in (head._forward_pre_hooks, head._forward_hooks):
+        for key, hook in list(hooks.items()):
+            if getattr(hook, "__module__", "").startswith("deepspeed."):
+                del hooks[key]
+    persistent = ds_engine.optimizer.persistent_parameters  # the list _post_step re-gathers
+    params = [p for p in head.parameters(recurse=True) if not getattr(p, "ds_persist", False)]
+    for p in params:
+        p.ds_persist = True
+        persistent.append(p)
+    if params:
+        params[0].all_gather(params)
+    return sum(p.ds_numel for p in params)
