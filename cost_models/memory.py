@@ -59,15 +59,19 @@ def zero_state_bytes(psi: float, nd: int, stage: int, dtype: str = "bf16") -> tu
     return params, grads, optim
 
 
-def zero3_gathered_params(sh: Shapes) -> float:
+def zero3_gathered_params(sh: Shapes, lm_head_persistent: bool = False) -> float:
     """Parameter elements ZeRO-3 holds gathered at its peak: the largest module in use (a decoder
     layer, or the embedding / LM-head matrix) plus one prefetch bucket, capped by
     stage3_max_live_parameters (never below the module in use), plus the persistent small parameters
-    (norm weights and biases under stage3_param_persistence_threshold, always gathered)."""
+    (norm weights and biases under stage3_param_persistence_threshold, always gathered), plus the LM
+    head's matrix when the loss is tiled (the compiler keeps it gathered so that it is traced inline
+    with the loss: compiler/zero3.py)."""
     layer = sh.layer_params
     largest = max(layer, sh.lm_head_params)
     gathered = min(largest + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer), max(ds.STAGE3_MAX_LIVE_PARAMETERS, largest))
     persistent = sh.L * sh.prof.layer_small_params + sh.prof.other_small_params
+    if lm_head_persistent:
+        persistent += sh.head_matmul_params
     return gathered + persistent
 
 
@@ -89,7 +93,7 @@ def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float,
             grads = 0.0
     gathered = 0.0
     if cand.zero_stage >= 3 and nd > 1:
-        gathered = state_bytes_per_param(dtype)[0] * zero3_gathered_params(sh)
+        gathered = state_bytes_per_param(dtype)[0] * zero3_gathered_params(sh, cand.loss_chunks > 1)
         params += gathered
     return params, grads, optim, gathered
 
@@ -194,14 +198,12 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
     return kept, transient, per_layer, host
 
 
-def logits_loss_bytes(sh: Shapes, cand: Candidate, layer_transient: float) -> float:
-    """What the LM head + cross-entropy add to the peak on top of the layer working set.
+def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
+    """(loss peak, logits kept through the layers' backward) in bytes.
 
     Untiled: the profile's loss peak per token (analytic: bf16 logits, e bytes, kept alive by the
     model output through the backward, plus LOSS_FP32_BYTES of fp32 tensors at the loss peak:
-    V x (e + 12)). The layers' backward runs after the loss backward, with only the logits still
-    alive (``prof.logits``), so the peak is max(loss peak, layer transient + logits) and this term is
-    that max minus the layer transient.
+    V x (e + 12)); the logits (``prof.logits``) then stay alive through the layers' backward.
     Tiled over N chunks (recomputed in backward, ALST's TiledFusedLogitsLoss): one chunk's worth of
     the same tensors plus the gradient of the hidden states (s x h), nothing persistent.
     """
@@ -211,12 +213,13 @@ def logits_loss_bytes(sh: Shapes, cand: Candidate, layer_transient: float) -> fl
     n = cand.loss_chunks
     if n > 1:
         chunk = math.ceil(s / n)
-        peak = chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed)
-        persistent = 0.0
-    else:
-        peak = s * peak_token
-        persistent = s * (p.logits.other * e + p.logits.fixed)
-    return max(peak, layer_transient + persistent) - layer_transient
+        return chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed), 0.0
+    return s * peak_token, s * (p.logits.other * e + p.logits.fixed)
+
+
+def a2a_buffer_bytes(sh: Shapes) -> float:
+    """All-to-all staging: send + receive copies of the largest q/k/v/out tensor (0 without SP)."""
+    return 2.0 * sh.s * max(sh.q, sh.k_eff) * sh.e if sh.P > 1 else 0.0
 
 
 def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
@@ -228,7 +231,7 @@ def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
     reduce bucket (the prefetch bucket is counted with the gathered parameters).
     """
     e = sh.e
-    a2a = 2.0 * sh.s * max(sh.q, sh.k_eff) * e if sh.P > 1 else 0.0
+    a2a = a2a_buffer_bytes(sh)
     stage = cand.zero_stage
     bucket = ds.reduce_bucket_elements(sh.n_params)
     if stage == 0:
@@ -280,8 +283,22 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
             activations = math.inf
             notes += (f"offload needs {host_total / GIB:.1f} GiB of host memory per GPU, "
                       f"the node offers {available / GIB:.1f} GiB per GPU",)
-    logits = logits_loss_bytes(sh, cand, transient)
     buffers = comm_buffer_bytes(sh, cand)
+    # Two moments can be the peak. In the loss phase (the LM head and cross-entropy, forward and the
+    # start of their backward) the layers' working set is gone and no gradient exists yet: DeepSpeed
+    # allocates its gradient buffers at the first gradient hook (process_gradients -> setup_buckets),
+    # after the loss backward, and the previous step's gradients were freed by zero_grad. In the
+    # layers' backward the gradients, ZeRO buffers, one layer's transient and the untiled logits join
+    # the kept set. The breakdown is the composition at whichever is larger
+    # (studies/cost_model_accuracy.py measured the loss phase as the peak of the untiled CPU runs).
+    loss_peak, logits = loss_phase_bytes(sh, cand)
+    a2a = a2a_buffer_bytes(sh)
+    loss_phase = kept + loss_peak + a2a
+    backward_phase = grads + buffers + activations + logits
+    if math.isfinite(activations) and loss_phase > backward_phase:
+        grads, activations, logits, buffers = 0.0, kept, loss_peak, a2a
+        notes += ("peak in the loss phase (LM head + cross-entropy): gradients and ZeRO buffers are not "
+                  "allocated yet",)
     dynamic = activations + logits + buffers + gathered
     reserve = reserve_bytes(dynamic, cand.sp * cand.dp)
     return (MemoryBreakdown(parameters=params, gradients=grads, optimizer_states=optim, activations=activations,
