@@ -1,0 +1,402 @@
+"""Run plan configurations for real: the compiled SP training step on N ranks, timed and measured.
+
+:func:`measure_many` runs a list of :class:`RunConfig` (all with the same world size) in one group of
+spawned ranks (gloo on CPU, one rank per GPU with nccl when CUDA is there), one after the other: for
+each, build the model, ``autosp.compile`` it under DeepSpeed with the plan's DeepSpeed config (the bucket
+sizes the cost model charges for), run ``warmup`` steps (the first compiles), then
+
+1. a static census of the tensors alive at the start of a step (:func:`memory.static_census`);
+2. one micro-step whose forward runs under saved-tensor hooks (what the compiled graph keeps for
+   backward) and the allocation profiler (the dynamic peak, attributed block by block:
+   :func:`memory.attributed_peak`; CUDA: ``max_memory_allocated``, not attributed);
+3. one step for the resident-set high-water mark (CPU);
+4. ``steps`` timed steps (barrier, step, per-rank wall time; the step time is the slowest rank's, the
+   figure the median over steps), with the CPU time every other process took meanwhile
+   (``/proc/stat`` minus the ranks' own CPU time: :func:`contention`).
+
+and returns one dict per configuration (:func:`measure` runs one). Tensors alive *before* a
+configuration's model is built are excluded from its census, so a row is not charged for what an
+earlier row in the same processes left behind. A knob the compiler rejects ("not implemented yet")
+gives ``status: "not_implemented"`` with the compiler's message; any other failure ``status: "error"``.
+
+Everything here runs on a GPU machine too (nccl, ``torch.cuda.max_memory_allocated``): set ``device``
+to ``"cuda"`` (default: cuda when available). It was only run on CPU while writing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+from autosp.cost_models.specs import (AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload,
+                                      fingerprint_of, from_dict)
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One configuration: the model, the sequence, every plan knob, and how long to measure."""
+
+    model: ModelSpec
+    seq_len: int
+    sp: int
+    dp: int = 1
+    zero_stage: int = 0
+    checkpointing: str = "none"
+    mlp_chunks: int = 1
+    loss_chunks: int = 1
+    offload_activations: bool = False
+    overlap: str = "none"
+    offload_optimizer: bool = False
+    micro_batch: int = 1
+    grad_accum: int = 1
+    dtype: str = "fp32"
+    warmup: int = 2
+    steps: int = 5
+    backend: str = "inductor"
+    impl: str = "reference"          # "reference" (autosp.compiler.models.llama) or "hf" (transformers Llama)
+    threads: int | None = None       # intra-op threads per rank; None: cores // world (as autosp-calibrate)
+    label: str = ""
+
+    @property
+    def world(self) -> int:
+        return self.sp * self.dp
+
+    def candidate(self) -> Candidate:
+        return Candidate(sp=self.sp, dp=self.dp, zero_stage=self.zero_stage, micro_batch=self.micro_batch,
+                         grad_accum=self.grad_accum, checkpointing=self.checkpointing, mlp_chunks=self.mlp_chunks,
+                         loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
+                         overlap=self.overlap, offload_optimizer=self.offload_optimizer)
+
+    def workload(self) -> Workload:
+        return Workload(seq_len=self.seq_len, dtype=self.dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        values = dict(data)
+        values["model"] = from_dict(ModelSpec, values["model"]) if isinstance(values["model"], dict) else values["model"]
+        return from_dict(cls, values)
+
+
+def placeholder_hardware(world: int) -> HardwareSpec:
+    """A HardwareSpec for the plan object the compiler reads (it uses the candidate and the DeepSpeed
+    settings, not the hardware figures)."""
+    return HardwareSpec(name=f"harness-cpux{world}",
+                        accelerator=AcceleratorSpec(name="cpu", peak_flops=1e11, memory_bytes=16 * GIB,
+                                                    memory_bandwidth=1e10),
+                        devices_per_node=world, intra_node_bandwidth=1e9, intra_node_latency=1e-4,
+                        host_bandwidth=5e9, host_memory_bytes=16 * GIB, comm_efficiency=1.0)
+
+
+def make_plan(cfg: RunConfig, hardware: HardwareSpec | None = None):
+    """The Plan object ``autosp.compile`` runs (its DeepSpeed config is the planner's) and its estimate."""
+    from autosp.cost_models import estimate
+    from autosp.planner.plan import Plan
+
+    hw = hardware or placeholder_hardware(cfg.world)
+    cand = cfg.candidate()
+    est = estimate(cfg.model, hw, cfg.workload(), cand)
+    return Plan(model=cfg.model, hardware=hw, workload=cfg.workload(), candidate=cand, estimate=est,
+                search={"strategy": "harness"})
+
+
+# --- contention ------------------------------------------------------------------------------------
+
+def _proc_stat():
+    from autosp.cost_models.calibration.contention import _proc_stat as read
+
+    return read()
+
+
+def contention(stat_before, stat_after, own_cpu_seconds: float, wall: float) -> dict:
+    """Share of all cores' time used by processes other than the ranks while they were timed."""
+    out = {"other_cpu_share": None, "steal_share": None, "own_cpu_share": None}
+    if not stat_before or not stat_after:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = stat_after["busy"] - stat_before["busy"]
+    total = busy + stat_after["idle"] - stat_before["idle"]
+    if total <= 0:
+        return out
+    ours = own_cpu_seconds * tick
+    out["other_cpu_share"] = max(0.0, (busy - ours) / total)
+    out["steal_share"] = (stat_after["steal"] - stat_before["steal"]) / total
+    out["own_cpu_share"] = min(1.0, ours / total)
+    return out
+
+
+# --- one configuration on this rank ------------------------------------------------------------------
+
+def _build_model(cfg: RunConfig):
+    import torch
+
+    torch.manual_seed(0)
+    if cfg.impl == "hf":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        m = cfg.model
+        config = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.ffn_hidden, num_attention_heads=m.n_heads,
+                             num_key_value_heads=m.n_kv_heads, head_dim=m.head_dim, num_hidden_layers=m.n_layers,
+                             vocab_size=m.vocab, max_position_embeddings=max(cfg.seq_len, 2048),
+                             rope_theta=m.rope_theta, tie_word_embeddings=m.tied_embeddings, use_cache=False)
+        return LlamaForCausalLM(config).to(torch.float32)
+    from autosp.compiler.models.llama import Llama
+
+    return Llama(cfg.model)
+
+
+def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import autosp
+    from studies.measure import memory
+
+    before_keys = memory.live_storage_keys()
+    plan = make_plan(cfg, hardware)
+    model = _build_model(cfg).to(device)
+    t0 = time.perf_counter()
+    engine = autosp.compile(model, plan=plan, backend=cfg.backend, dtype=cfg.dtype)
+    del model
+    gen = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, cfg.model.vocab, (cfg.dp * cfg.micro_batch, cfg.seq_len), generator=gen)
+    labels = ids.clone()
+
+    def micro(hooks=None):
+        if hooks is None:
+            loss = engine(input_ids=ids, labels=labels)
+        else:
+            with hooks:
+                loss = engine(input_ids=ids, labels=labels)
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    def step():
+        for _ in range(cfg.grad_accum):
+            micro()
+
+    compile_times = []
+    for i in range(max(1, cfg.warmup)):
+        ts = time.perf_counter()
+        step()
+        compile_times.append(time.perf_counter() - ts)
+    setup_seconds = time.perf_counter() - t0
+
+    census = memory.static_census(engine.module, engine.optimizer)
+    # exclude what existed before this configuration (earlier rows' leftovers, the generator state, ...)
+    stale = sum(nbytes for key, nbytes in memory.live_storage_keys().items() if key in before_keys)
+    census["other"] = max(0, census["other"] - stale)
+    census["total"] = max(0, census["total"] - stale)
+
+    def forward():
+        return engine(input_ids=ids, labels=labels)
+
+    from autosp.cost_models import deepspeed_buffers as ds
+
+    buckets = {ds.REDUCE_BUCKET_SIZE, ds.reduce_bucket_elements(cfg.model.n_params()), ds.ALLGATHER_BUCKET_SIZE,
+               ds.STAGE3_PREFETCH_BUCKET_SIZE}
+    bucket_bytes = frozenset(n * e for n in buckets for e in (2, 4))
+    dyn = memory.attributed_peak(forward, engine.backward, engine.step, engine.module, engine.optimizer,
+                                 cfg.model.vocab, device, bucket_bytes)
+    for _ in range(cfg.grad_accum - 1):
+        micro()
+    gc.collect()
+    resident = memory.resident_peak(step) if device.type == "cpu" else {}
+
+    # timed steps
+    rank_times, own = [], 0.0
+    stat0 = _proc_stat() if rank == 0 else None
+    load0 = os.getloadavg()[0]
+    wall0 = time.perf_counter()
+    for _ in range(cfg.steps):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        c0, ts = memory.cpu_seconds(), time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rank_times.append(time.perf_counter() - ts)
+        own += memory.cpu_seconds() - c0
+    dist.barrier()
+    wall = time.perf_counter() - wall0
+    stat1 = _proc_stat() if rank == 0 else None
+    load1 = os.getloadavg()[0]
+
+    allocated_peak = census["total"] + dyn["peak"]
+    mem = {"static": census, "saved": dyn["saved"], "dynamic_peak": dyn["peak"], "dynamic_end": dyn["end"],
+           "dynamic_at_peak": dyn.get("at_peak"),
+           "other_largest_blocks": dyn.get("other_largest_blocks"), "peak_at": dyn.get("peak_at_fraction_of_step"), "dynamic_method": dyn["method"], "allocated_peak": allocated_peak}
+    if resident:
+        mem["resident_hwm"] = resident["hwm"]
+        mem["rss_step_start"] = resident["rss_start"]
+        mem["heap_in_use_step_start"] = resident["heap_in_use_start"]
+        if resident["hwm"] is not None:
+            mem["runtime_overhead"] = resident["hwm"] - allocated_peak
+    per_rank = {"rank": rank, "memory": mem, "step_times": rank_times, "own_cpu_seconds": own, "wall": wall,
+                "stat": (stat0, stat1), "load1": (load0, load1), "compile_times": compile_times,
+                "setup_seconds": setup_seconds}
+    del engine
+    return per_rank
+
+
+def _combine(cfg: RunConfig, ranks: list[dict], prediction=None) -> dict:
+    """One row: the slowest rank's step time per step (median over steps) and the rank with the largest
+    allocated peak's memory."""
+    steps = [max(r["step_times"][i] for r in ranks) for i in range(len(ranks[0]["step_times"]))]
+    own = sum(r["own_cpu_seconds"] for r in ranks)
+    stat0, stat1 = ranks[0]["stat"]
+    cont = contention(stat0, stat1, own, ranks[0]["wall"])
+    cont["load1_before"], cont["load1_after"] = ranks[0]["load1"]
+    worst = max(ranks, key=lambda r: r["memory"]["allocated_peak"])
+    row = {"status": "ok", "config": cfg.to_dict(), "label": cfg.label,
+           "time": {"step_median": statistics.median(steps), "step_min": min(steps), "step_max": max(steps),
+                    "steps": steps, "spread": (max(steps) - min(steps)) / statistics.median(steps),
+                    "first_step": max(r["compile_times"][0] for r in ranks),
+                    "setup_seconds": max(r["setup_seconds"] for r in ranks)},
+           "memory": worst["memory"], "memory_rank": worst["rank"],
+           "memory_per_rank": [r["memory"]["allocated_peak"] for r in ranks],
+           "contention": cont}
+    if prediction is not None:
+        row["prediction"] = prediction
+    return row
+
+
+# --- process group -----------------------------------------------------------------------------------
+
+def _rank_entry(rank, world, port, out_path, configs, threads, device_kind, hardware):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS=str(threads))
+    torch.set_num_threads(threads)
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=600))
+    from autosp.errors import UsageError
+
+    results = []
+    try:
+        for cfg in configs:
+            try:
+                out = _run_one(cfg, rank, world, device, hardware)
+            except UsageError as err:
+                text = str(err)
+                out = {"status": "not_implemented" if "not implemented" in text else "error", "error": text}
+            except Exception as err:  # noqa: BLE001 - a row fails, the study goes on
+                out = {"status": "error", "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+            gathered = [None] * world
+            dist.all_gather_object(gathered, out)
+            if rank == 0:
+                results.append(gathered)
+            gc.collect()
+            torch._dynamo.reset()
+        if rank == 0:
+            torch.save(results, out_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def default_threads(world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def measure_many(configs: list[RunConfig], hardware: HardwareSpec | None = None, device: str | None = None,
+                 predict: bool = True) -> list[dict]:
+    """Run ``configs`` (same world size) in one group of spawned ranks; one result dict per config.
+
+    ``hardware``: the HardwareSpec the prediction (``row["prediction"]``, an Estimate as a dict) and the
+    plan use; None: no prediction and a placeholder for the plan.
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    from autosp.compiler.testing import free_port
+
+    if not configs:
+        return []
+    world = configs[0].world
+    if any(c.world != world for c in configs):
+        raise ValueError("measure_many: every configuration must have the same world size (sp x dp)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads = configs[0].threads or default_threads(world)
+    predictions = []
+    for cfg in configs:
+        pred = None
+        if hardware is not None and predict:
+            from autosp.cost_models import estimate
+
+            try:
+                pred = _estimate_dict(estimate(cfg.model, hardware, cfg.workload(), cfg.candidate()))
+            except ValueError as err:
+                pred = {"invalid": str(err)}
+        predictions.append(pred)
+    saved_threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "results.pt")
+            mp.spawn(_rank_entry, args=(world, free_port(), out_path, list(configs), threads, device, hardware),
+                     nprocs=world, join=True)
+            raw = torch.load(out_path, weights_only=False)
+    finally:
+        if saved_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved_threads
+    rows = []
+    for cfg, ranks, pred in zip(configs, raw, predictions):
+        bad = next((r for r in ranks if r.get("status") in ("error", "not_implemented")), None)
+        if bad is not None:
+            row = {"status": bad["status"], "error": bad["error"], "config": cfg.to_dict(), "label": cfg.label}
+            if pred is not None:
+                row["prediction"] = pred
+        else:
+            row = _combine(cfg, ranks, pred)
+        row["env"] = {"device": device, "world": world, "threads_per_rank": threads,
+                      "torch": torch.__version__, "cores": os.cpu_count()}
+        rows.append(row)
+    return rows
+
+
+def measure(cfg: RunConfig, hardware: HardwareSpec | None = None, device: str | None = None) -> dict:
+    """Run one configuration; see :func:`measure_many`."""
+    return measure_many([cfg], hardware, device)[0]
+
+
+def _estimate_dict(est) -> dict:
+    data = dataclasses.asdict(est)
+    data["memory"]["total"] = est.memory.total
+    data["fits"] = est.fits
+    return data
+
+
+def config_key(cfg: RunConfig) -> str:
+    """A stable id of a configuration (model fingerprint and every knob), for caching rows."""
+    data = cfg.to_dict()
+    data.pop("label", None)
+    return fingerprint_of(_Key(repr(sorted(data.items()))))
+
+
+@dataclass(frozen=True)
+class _Key:
+    text: str = field(default="")
