@@ -83,10 +83,13 @@ def test_packed_position_ids_are_rejected():
 
 
 # --- plans -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("knob", [dict(mlp_chunks=2), dict(loss_chunks=4), dict(overlap="kv_async")])
-def test_later_plan_knobs_are_rejected_not_ignored(knob):
-    with pytest.raises(UsageError, match="not implemented yet"):
-        resolve_candidate(Candidate(sp=2, **knob))
+@pytest.mark.parametrize("knob", [dict(mlp_chunks=2), dict(loss_chunks=4), dict(overlap="kv_async"),
+                                  dict(overlap="head_pipeline"), dict(checkpointing="sequence"),
+                                  dict(checkpointing="full", offload_activations=True), dict(offload_optimizer=True,
+                                                                                              zero_stage=1)])
+def test_every_plan_knob_is_accepted_as_planned(knob):
+    candidate, _ = resolve_candidate(Candidate(sp=2, **knob))
+    assert all(getattr(candidate, k) == v for k, v in knob.items())
 
 
 def test_hand_made_plan_and_contradictions():
