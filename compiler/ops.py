@@ -48,23 +48,28 @@ def _needs_fp32_transport(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
 
 
-@torch.library.custom_op("autosp_ops::all_to_all", mutates_args=())
-def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
+def _launch(op: str, x: torch.Tensor, scatter_dim: int, group: str, async_op: bool):
+    """Start (or run) the exchange of ``x`` split along ``scatter_dim``: (work, send, recv), where ``recv``
+    is [P, *chunk] and slot j holds what rank j sent."""
     CALLS["all_to_all"] += 1
     pg = _group(group)
     world = dist.get_world_size(group=pg)
     if x.shape[scatter_dim] % world:
-        raise RuntimeError(f"autosp_ops::all_to_all: dim {scatter_dim} of size {x.shape[scatter_dim]} "
+        raise RuntimeError(f"autosp_ops::{op}: dim {scatter_dim} of size {x.shape[scatter_dim]} "
                            f"does not split over {world} ranks")
-    dtype = x.dtype
     if _needs_fp32_transport(x):
         x = x.float()
     # [P, *chunk]: chunk j goes to rank j.
     send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=pg)
-    out = torch.cat(recv.unbind(0), dim=gather_dim)
-    return out.to(dtype)
+    work = dist.all_to_all_single(recv, send, group=pg, async_op=async_op)
+    return work, send, recv
+
+
+@torch.library.custom_op("autosp_ops::all_to_all", mutates_args=())
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
+    _, _, recv = _launch("all_to_all", x, scatter_dim, group, async_op=False)
+    return torch.cat(recv.unbind(0), dim=gather_dim).to(x.dtype)
 
 
 @all_to_all.register_fake
@@ -133,17 +138,7 @@ def _key(t: torch.Tensor) -> int:
 
 @torch.library.custom_op("autosp_ops::all_to_all_start", mutates_args=())
 def all_to_all_start(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
-    CALLS["all_to_all"] += 1
-    pg = _group(group)
-    world = dist.get_world_size(group=pg)
-    if x.shape[scatter_dim] % world:
-        raise RuntimeError(f"autosp_ops::all_to_all_start: dim {scatter_dim} of size {x.shape[scatter_dim]} "
-                           f"does not split over {world} ranks")
-    if _needs_fp32_transport(x):
-        x = x.float()
-    send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
-    recv = torch.empty_like(send)
-    work = dist.all_to_all_single(recv, send, group=pg, async_op=True)
+    work, send, recv = _launch("all_to_all_start", x, scatter_dim, group, async_op=True)
     _PENDING[_key(recv)] = (work, send, recv)
     return recv
 

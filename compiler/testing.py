@@ -151,3 +151,19 @@ def run_cases(rank: int, names, run_one) -> dict:
             results[name]["seconds"] = time.perf_counter() - start
             print(f"[case] {name}: {results[name]['seconds']:.1f} s", flush=True)
     return results
+
+
+def capture_graph(fn, *args, **kwargs):
+    """The Dynamo FX graph of ``fn(*args, **kwargs)`` and its example inputs (what a backend receives),
+    for unit tests of the passes."""
+    import torch._dynamo
+
+    box = {}
+
+    def backend(gm, example_inputs):
+        box["gm"], box["inputs"] = gm, example_inputs
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
+    return box["gm"], box["inputs"]

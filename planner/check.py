@@ -80,13 +80,9 @@ class Artifact:
 
 
 def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as err:
-        raise UsageError(f"cannot read {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{path} is not valid JSON (line {err.lineno}): {err.msg}") from None
+    from autosp.planner.plan import read_json
+
+    data = read_json(path)
     if not isinstance(data, dict):
         raise UsageError(f"{path} is not a JSON object")
     return data
@@ -519,7 +515,7 @@ def run_select(args) -> dict:
                                f"the selected {chosen[0].path}, beyond the {_pct(tol)} tolerance")
     written = []
     if chosen is not None and (args.plan_out or args.ds_config):
-        from autosp.planner.plan import Plan, RunnerUp, save_plan, write_text_atomically
+        from autosp.planner.plan import Plan, RunnerUp, write_outputs
         from autosp.planner.space import SPACE_VERSION
         from autosp.planner.versions import code_version, cost_model_version
 
@@ -535,14 +531,7 @@ def run_select(args) -> dict:
                             "code_version": code_version(), "seed": None,
                             "allow_cross_node_sp": t.allow_cross_node_sp, "cache": "off",
                             **({"model_profile": f"graph {t.profile.fingerprint}"} if t.profile is not None else {})})
-        if args.plan_out:
-            save_plan(plan, args.plan_out)
-            written.append(args.plan_out)
-        if args.ds_config:
-            from autosp.planner.ds_config import deepspeed_config_json
-
-            write_text_atomically(args.ds_config, deepspeed_config_json(plan))
-            written.append(args.ds_config)
+        written += write_outputs(plan, args.plan_out, args.ds_config)
     return {"status": "selected" if status == PASS else STATUS[status], "exit_code": status,
             "selected": None if chosen is None else {"file": chosen[0].path, "candidate": asdict(chosen[0].candidate),
                                                       "short": chosen[0].candidate.short(),

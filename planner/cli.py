@@ -222,17 +222,9 @@ def main(argv=None) -> int:
                      allow_cross_node_sp=args.allow_cross_node_sp, storage=args.storage,
                      study_name=args.study_name, worker=args.worker_id, measure=measure)
 
-    from autosp.planner.plan import save_plan, write_text_atomically
+    from autosp.planner.plan import write_outputs
 
-    written = []
-    if args.plan_out:
-        save_plan(plan, args.plan_out)
-        written.append(args.plan_out)
-    if args.ds_config:
-        from autosp.planner.ds_config import deepspeed_config_json
-
-        write_text_atomically(args.ds_config, deepspeed_config_json(plan))
-        written.append(args.ds_config)
+    written = write_outputs(plan, args.plan_out, args.ds_config)
     if args.json:
         sys.stdout.write(plan.to_json())
     else:

@@ -131,15 +131,19 @@ def plan_from_dict(data: dict) -> Plan:
     return plan
 
 
-def load_plan(path: str | os.PathLike) -> Plan:
+def read_json(path: str | os.PathLike, what: str = ""):
+    """The JSON in ``path``; unreadable or malformed files are a one-line UsageError naming ``what`` it is."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            return json.load(f)
     except OSError as err:
-        raise UsageError(f"cannot read plan {path}: {err.strerror}") from None
+        raise UsageError(f"cannot read {what}{path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
-        raise UsageError(f"plan {path} is not valid JSON (line {err.lineno}): {err.msg}") from None
-    return plan_from_dict(data)
+        raise UsageError(f"{what}{path} is not valid JSON (line {err.lineno}): {err.msg}") from None
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    return plan_from_dict(read_json(path, "plan "))
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
@@ -158,3 +162,18 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> None:
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> None:
     write_text_atomically(path, plan.to_json())
+
+
+def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
+    """Write the plan JSON (``plan_out``) and its DeepSpeed config (``ds_config``) when asked; the paths
+    written, in that order (for the report's "written" line)."""
+    written = []
+    if plan_out:
+        save_plan(plan, plan_out)
+        written.append(plan_out)
+    if ds_config:
+        from autosp.planner.ds_config import deepspeed_config_json
+
+        write_text_atomically(ds_config, deepspeed_config_json(plan))
+        written.append(ds_config)
+    return written

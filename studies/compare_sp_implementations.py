@@ -90,6 +90,24 @@ def sp_mean(value: float, group) -> float:
     return t.item() / dist.get_world_size(group)
 
 
+def timed_training(engine, loss_fn, steps):
+    """Train ``steps`` steps: ``loss_fn()`` returns (the loss to back-propagate, what to report); the first
+    step's gradients are compared with the single-process reference. Returns (first step's report,
+    median step time of the others, their times, worst gradient error)."""
+    state = {}
+
+    def step():
+        loss, reported = loss_fn()
+        engine.backward(loss)
+        if "grad" not in state:
+            state["grad"] = worst_grad_error(engine.module, REF_GRADS)
+        engine.step()
+        return reported
+
+    first, median, times = timed_steps(step, steps)
+    return first, median, times, state["grad"]
+
+
 def timed_steps(step_fn, steps):
     times, first = [], None
     for i in range(steps):
@@ -128,18 +146,12 @@ def run_autosp(model, ids, labels, args, rank):
 
     engine = autosp.compile(copy.deepcopy(model), sp_size=args.sp, zero_stage=1, micro_batch=1, optimizer=sgd0,
                             backend=args.backend)
-    state = {}
-
-    def step():
+    def loss_fn():
         loss = engine(input_ids=ids, labels=labels)
-        engine.backward(loss)
-        if "grad" not in state:
-            state["grad"] = worst_grad_error(engine.module, REF_GRADS)
-        engine.step()
-        return loss.item()
+        return loss, loss.item()
 
-    loss, median, times = timed_steps(step, args.steps)
-    return {"loss_reported": loss, "grad_error": state["grad"], "step_time_s": median, "times": times}
+    loss, median, times, grad = timed_training(engine, loss_fn, args.steps)
+    return {"loss_reported": loss, "grad_error": grad, "step_time_s": median, "times": times}
 
 
 def run_deepspeed_autosp(model, ids, labels, args, rank):
@@ -159,22 +171,17 @@ def run_deepspeed_autosp(model, ids, labels, args, rank):
     module = copy.deepcopy(model)
     engine, *_ = deepspeed.initialize(model=module, optimizer=sgd0(module.parameters()), config=config)
     engine.compile()
-    state = {}
     positions = torch.arange(args.seq).unsqueeze(0)
     mask = torch.ones_like(ids)
 
-    def step():
+    def loss_fn():
         i, lab, pos, am = prepare_autosp_inputs(ids.clone(), labels.clone(), positions.clone(), mask.clone())
         loss = engine(input_ids=i, labels=lab, position_ids=pos, attention_mask=am).loss
-        engine.backward(loss)
-        if "grad" not in state:
-            state["grad"] = worst_grad_error(engine.module, REF_GRADS)
-        engine.step()
-        return loss.item()
+        return loss, loss.item()
 
-    loss, median, times = timed_steps(step, args.steps)
+    loss, median, times, grad = timed_training(engine, loss_fn, args.steps)
     sp_group = None  # the whole world is one SP group here
-    return {"loss_reported": loss, "loss_sp_mean": sp_mean(loss, sp_group), "grad_error": state["grad"],
+    return {"loss_reported": loss, "loss_sp_mean": sp_mean(loss, sp_group), "grad_error": grad,
             "step_time_s": median, "times": times}
 
 
@@ -198,9 +205,7 @@ def run_alst(model, ids, labels, args, rank):
         local = slice(sp_rank * chunk, (sp_rank + 1) * chunk)
         shift = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]  # over the full sequence
         positions = torch.arange(args.seq).unsqueeze(0)
-        state = {}
-
-        def step():
+        def loss_fn():
             # HF computes no loss without `labels`, so (as ALST's tutorial does) call the model's loss
             # function on the local logits and the pre-shifted local labels
             logits = engine(input_ids=ids[:, local].clone(), position_ids=positions[:, local].clone()).logits
@@ -211,15 +216,11 @@ def run_alst(model, ids, labels, args, rank):
             losses = torch.distributed.nn.functional.all_gather(loss.reshape(1), group=group)
             goods = torch.distributed.nn.functional.all_gather(good, group=group)
             total = sum(l * g for l, g in zip(losses, goods)) / torch.clamp(sum(goods), min=1)
-            engine.backward(total)
-            if "grad" not in state:
-                state["grad"] = worst_grad_error(engine.module, REF_GRADS)
-            engine.step()
-            return loss.item(), total.item()
+            return total, (loss.item(), total.item())
 
-        (local_loss, weighted), median, times = timed_steps(step, args.steps)
+        (local_loss, weighted), median, times, grad = timed_training(engine, loss_fn, args.steps)
         return {"loss_reported": local_loss, "loss_sp_mean": sp_mean(local_loss, group), "loss_weighted": weighted,
-                "grad_error": state["grad"], "step_time_s": median, "times": times}
+                "grad_error": grad, "step_time_s": median, "times": times}
     finally:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = original_sdpa
 

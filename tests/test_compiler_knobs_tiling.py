@@ -179,18 +179,7 @@ def test_tiled_loss_bf16_logits_upcast_like_the_model():
 
 
 # --- pattern matching on traced graphs ----------------------------------------------------------------------
-def capture(fn, *args, **kwargs):
-    import torch._dynamo
-
-    box = {}
-
-    def backend(gm, example_inputs):
-        box["gm"], box["inputs"] = gm, example_inputs
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
-    return box["gm"], box["inputs"]
+from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, group="sp", **knobs):

@@ -116,18 +116,7 @@ def test_causal_mask_recognition():
 
 
 # --- passes on captured Dynamo graphs --------------------------------------------------------------
-def capture(fn, *args, **kwargs):
-    import torch._dynamo
-
-    box = {}
-
-    def backend(gm, example_inputs):
-        box["gm"], box["inputs"] = gm, example_inputs
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
-    return box["gm"], box["inputs"]
+from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, rank=1):

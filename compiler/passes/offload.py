@@ -66,22 +66,27 @@ def _side_stream(device: torch.device):
     return _STREAMS[device]
 
 
+def _copy(dst: torch.Tensor, src: torch.Tensor, device: torch.device) -> None:
+    """``dst.copy_(src)``; on CUDA enqueued on the side stream after the compute stream's work so far (``dst``
+    may have been allocated there), with an event the matching ``*_wait`` op makes the compute stream wait for."""
+    if device.type != "cuda":
+        dst.copy_(src)
+        return
+    stream = _side_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        dst.copy_(src, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+    _PENDING[dst.data_ptr()] = (event, device)
+
+
 # --- ops -------------------------------------------------------------------------------------------
 @torch.library.custom_op("autosp_ops::offload", mutates_args=())
 def offload(x: torch.Tensor) -> torch.Tensor:
     """A contiguous host copy of ``x`` (CUDA: pinned, copied asynchronously on the side stream)."""
-    if x.device.type == "cuda":
-        stream = _side_stream(x.device)
-        stream.wait_stream(torch.cuda.current_stream(x.device))
-        host = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=True)
-        with torch.cuda.stream(stream):
-            host.copy_(x, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        _PENDING[host.data_ptr()] = (event, x.device)
-    else:
-        host = torch.empty(x.shape, dtype=x.dtype, device="cpu")
-        host.copy_(x)
+    host = torch.empty(x.shape, dtype=x.dtype, device="cpu", pin_memory=x.device.type == "cuda")
+    _copy(host, x, x.device)
     _HOST_COPIES[host.untyped_storage().data_ptr()] = host
     OFFLOADED["bytes"] += host.numel() * host.element_size()
     OFFLOADED["calls"] += 1
@@ -97,16 +102,7 @@ def _offload_fake(x):
 def reload(host: torch.Tensor, device: torch.device, size: list[int], stride: list[int]) -> torch.Tensor:
     """A device tensor of the given size and stride holding ``host`` (CUDA: copied asynchronously)."""
     out = torch.empty_strided(size, stride, dtype=host.dtype, device=device)
-    if out.device.type == "cuda":
-        stream = _side_stream(out.device)
-        stream.wait_stream(torch.cuda.current_stream(out.device))  # out's memory was allocated on the compute stream
-        with torch.cuda.stream(stream):
-            out.copy_(host, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        _PENDING[out.data_ptr()] = (event, out.device)
-    else:
-        out.copy_(host)
+    _copy(out, host, out.device)
     OFFLOADED["reload_bytes"] += out.numel() * out.element_size()
     return out
 

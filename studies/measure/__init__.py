@@ -8,6 +8,6 @@ runs one configuration from the command line. See harness.py (what a run does) a
 memory figure is, and which one equals which term of the cost model).
 """
 
-from studies.measure.harness import RunConfig, config_key, make_plan, measure, measure_many
+from studies.measure.harness import RunConfig, make_plan, measure, measure_many
 
-__all__ = ["RunConfig", "config_key", "make_plan", "measure", "measure_many"]
+__all__ = ["RunConfig", "make_plan", "measure", "measure_many"]

@@ -32,7 +32,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from autosp.cost_models.specs import (AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload,
                                       fingerprint_of, from_dict)
@@ -70,10 +70,8 @@ class RunConfig:
         return self.sp * self.dp
 
     def candidate(self) -> Candidate:
-        return Candidate(sp=self.sp, dp=self.dp, zero_stage=self.zero_stage, micro_batch=self.micro_batch,
-                         grad_accum=self.grad_accum, checkpointing=self.checkpointing, mlp_chunks=self.mlp_chunks,
-                         loss_chunks=self.loss_chunks, offload_activations=self.offload_activations,
-                         overlap=self.overlap, offload_optimizer=self.offload_optimizer)
+        # the knob fields carry Candidate's names (one to one); the row stays flat for the studies' JSON
+        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate)})
 
     def workload(self) -> Workload:
         return Workload(seq_len=self.seq_len, dtype=self.dtype)
@@ -388,15 +386,3 @@ def _estimate_dict(est) -> dict:
     data["memory"]["total"] = est.memory.total
     data["fits"] = est.fits
     return data
-
-
-def config_key(cfg: RunConfig) -> str:
-    """A stable id of a configuration (model fingerprint and every knob), for caching rows."""
-    data = cfg.to_dict()
-    data.pop("label", None)
-    return fingerprint_of(_Key(repr(sorted(data.items()))))
-
-
-@dataclass(frozen=True)
-class _Key:
-    text: str = field(default="")
