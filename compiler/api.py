@@ -48,22 +48,7 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
             candidate = Candidate(sp=sp_size, **overrides)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    _check_checkpointing(candidate)
     return candidate, source
-
-
-def _check_checkpointing(candidate: Candidate) -> None:
-    """The partitioner's knobs (passes/checkpointing.py, passes/offload.py): known values only."""
-    from autosp.cost_models.specs import CHECKPOINTING_POLICIES
-
-    if candidate.checkpointing not in CHECKPOINTING_POLICIES:
-        raise UsageError(f"unknown checkpointing policy {candidate.checkpointing!r}; the compiler applies "
-                         f"{', '.join(CHECKPOINTING_POLICIES)}")
-    if not isinstance(candidate.offload_activations, bool):
-        raise UsageError(f"offload_activations must be true or false, got {candidate.offload_activations!r}")
-    if candidate.offload_activations and candidate.checkpointing == "none":
-        raise UsageError("offload_activations moves the activations a checkpointing policy keeps; it needs "
-                         "checkpointing=selective, sequence or full, not none")
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

@@ -220,6 +220,9 @@ class Candidate:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
         if self.overlap not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
+        for name in ("offload_activations", "offload_optimizer"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.offload_activations and self.checkpointing == "none":
             raise ValueError("offload_activations moves checkpointed layer inputs; it needs a checkpointing policy")
         if self.offload_optimizer and self.zero_stage == 0:
