@@ -195,6 +195,15 @@ class Candidate:
     ``sp`` x ``dp`` is the world size. Field names are the plan's and the compiler's (one to one).
     ``offload_optimizer`` is DeepSpeed's ZeRO-Offload: fp32 master weights, Adam states and the
     optimizer step live on the host (CPU Adam); the device keeps the bf16 weights and gradient buckets.
+
+    2-D sequence parallelism: the SP group of ``sp`` ranks is ``ulysses`` x ``ring``: Ulysses
+    all-to-alls over ``sp // ring`` ranks (heads), ring attention over ``ring`` ranks (key/value blocks
+    passed rank to rank). ``ring=1`` is pure Ulysses, ``ring=sp`` pure ring attention.
+
+    ``sequence_chunks``: each decoder layer runs over the rank's tokens in that many chunks (attention of
+    chunk i over key/value chunks <= i, merged by log-sum-exp); ``offload_chunks`` keeps the chunks'
+    saved tensors in host memory. ``offload_param``: ZeRO-3 parameter offload (weights live on the host
+    and are fetched layer by layer).
     """
 
     sp: int
@@ -208,9 +217,13 @@ class Candidate:
     offload_activations: bool = False
     overlap: str = "none"
     offload_optimizer: bool = False
+    ring: int = 1
+    sequence_chunks: int = 1
+    offload_chunks: bool = False
+    offload_param: bool = False
 
     def __post_init__(self):
-        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks"):
+        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -220,21 +233,33 @@ class Candidate:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
         if self.overlap not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
-        for name in ("offload_activations", "offload_optimizer"):
+        for name in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.offload_activations and self.checkpointing == "none":
             raise ValueError("offload_activations moves checkpointed layer inputs; it needs a checkpointing policy")
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError("offload_optimizer (ZeRO-Offload) needs zero_stage >= 1")
+        if self.sp % self.ring:
+            raise ValueError(f"ring ({self.ring}) must divide sp ({self.sp}): the SP group is ulysses x ring ranks")
+        if self.offload_chunks and self.sequence_chunks == 1:
+            raise ValueError("offload_chunks moves the chunks of sequence-chunked layers; it needs sequence_chunks > 1")
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError("offload_param (ZeRO-3 parameter offload) needs zero_stage 3")
 
     @property
     def world_size(self) -> int:
         return self.sp * self.dp
 
+    @property
+    def ulysses(self) -> int:
+        """Ranks of the Ulysses (all-to-all) dimension of the SP group."""
+        return self.sp // self.ring
+
     def short(self) -> str:
         """A compact one-line description for tables."""
-        parts = [f"sp{self.sp}", f"dp{self.dp}", f"z{self.zero_stage}", f"mb{self.micro_batch}"]
+        sp = f"sp{self.sp}" if self.ring == 1 else f"sp{self.sp}(u{self.ulysses}xr{self.ring})"
+        parts = [sp, f"dp{self.dp}", f"z{self.zero_stage}", f"mb{self.micro_batch}"]
         if self.grad_accum > 1:
             parts.append(f"ga{self.grad_accum}")
         parts.append(f"ckpt:{self.checkpointing}")
@@ -246,8 +271,14 @@ class Candidate:
             parts.append("offload")
         if self.overlap != "none":
             parts.append(f"overlap:{self.overlap}")
+        if self.sequence_chunks > 1:
+            parts.append(f"seq/{self.sequence_chunks}")
+        if self.offload_chunks:
+            parts.append("chunk-offload")
         if self.offload_optimizer:
             parts.append("optim-offload")
+        if self.offload_param:
+            parts.append("param-offload")
         return " ".join(parts)
 
 

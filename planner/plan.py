@@ -4,10 +4,10 @@ A plan is a versioned JSON document. Its ``candidate`` holds every knob the comp
 same names as :class:`autosp.cost_models.specs.Candidate`; the rest is the evidence that justified it
 (model, hardware, workload, prediction, search) and what makes it reusable (versions, fingerprints).
 
-Schema (``schema_version`` 1)::
+Schema (``schema_version`` 2)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "autosp_version": "0.1.0",
       "created_at": "2026-12-02T12:00:00+00:00",
       "objective": "throughput" | "max-ctx",
@@ -22,7 +22,9 @@ Schema (``schema_version`` 1)::
     }
 
 Readers reject a newer ``schema_version`` than they know, unknown fields and missing fields with a
-one-line error.
+one-line error. Version history: 2 added the candidate fields ``ring``, ``sequence_chunks``,
+``offload_chunks`` and ``offload_param``; a version-1 plan reads as version 2 with their defaults
+(pure Ulysses, unchunked layers, no chunk or parameter offload), which is what it ran.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from autosp.cost_models.specs import (
 from autosp.errors import UsageError
 from autosp.version import __version__
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 OBJECTIVES = ("throughput", "max-ctx")
 
 
