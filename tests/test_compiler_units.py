@@ -282,3 +282,82 @@ def test_ops_do_not_collide_with_deepspeeds_autosp_namespace():
 
     assert "str group" in str(torch.ops.autosp_ops.all_to_all.default._schema)
     assert "str name" in str(torch.ops.autosp.all_to_all.default._schema)
+
+
+# --- the check pass: linear in the graph, and still strict -------------------------------------------
+def _count_input_walks(limit: int):
+    """Patch fx.Node.all_input_nodes to count its uses and raise past ``limit`` (so a walk that enumerates
+    paths instead of nodes fails at once instead of running for hours)."""
+    from torch import fx
+
+    original = fx.Node.all_input_nodes
+    count = [0]
+
+    def counted(node):
+        count[0] += 1
+        if count[0] > limit:
+            raise AssertionError(f"the check visited graph nodes more than {limit} times")
+        return original.fget(node)
+
+    return original, property(counted), count
+
+
+@pytest.mark.slow
+def test_check_pass_is_linear_when_the_logits_are_s_by_s_by_coincidence():
+    """Regression: with vocab == local length s the logits are (s x s); the check's dependence walk from
+    them enumerated every path through the residual stream (2 layers: 175,881 input visits for 190 nodes,
+    3 layers: millions; Llama at S=4096 on SP=4 with vocab 1024 never finished compiling)."""
+    from torch import fx
+
+    import transformers
+
+    s = 64
+    config = transformers.LlamaConfig(vocab_size=s, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
+                                      use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, s, (1, s))
+    gm, inputs = capture(model, input_ids=ids, labels=ids.clone())
+    ctx = context(s)
+    for sp_pass in (mask_pass, position_pass, attention_pass, loss_pass):
+        sp_pass(gm, inputs, ctx)
+    assert any(tuple(n.meta["example_value"].shape[-2:]) == (s, s) for n in gm.graph.nodes
+               if isinstance(n.meta.get("example_value"), torch.Tensor) and n.meta["example_value"].dim() >= 2)
+    original, counted, count = _count_input_walks(limit=10 * len(gm.graph.nodes))
+    fx.Node.all_input_nodes = counted
+    try:
+        check_pass(gm, inputs, ctx)  # the logits come from the LM head's weight: not a mask, no error
+    finally:
+        fx.Node.all_input_nodes = original
+    assert count[0] <= 10 * len(gm.graph.nodes)
+
+
+def _wrapped_attention_graph(extra):
+    """A graph with one SDPA rewired by the attention pass, plus ``extra(q, k)``'s output."""
+    s = 8
+
+    def fn(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.sum() + extra(q, k)
+
+    q, k, v = (torch.randn(1, 4, s, 8) for _ in range(3))
+    gm, inputs = capture(fn, q, k, v)
+    ctx = context(s)
+    attention_pass(gm, inputs, ctx)
+    return gm, inputs, ctx
+
+
+@pytest.mark.slow
+def test_check_pass_still_rejects_hand_written_attention_and_a_left_over_mask():
+    gm, inputs, ctx = _wrapped_attention_graph(lambda q, k: (q @ k.transpose(-1, -2)).sum())
+    with pytest.raises(UsageError, match="attention computed outside scaled_dot_product_attention"):
+        check_pass(gm, inputs, ctx)
+
+    def mask_left(q, k):
+        keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
+        return (q[0, 0, :, :1] * keep).sum()
+
+    gm, inputs, ctx = _wrapped_attention_graph(mask_left)
+    with pytest.raises(UsageError, match="8 x 8 tensor is left in the graph"):
+        check_pass(gm, inputs, ctx)

@@ -16,6 +16,8 @@ all-reduce must run exactly once and the all-to-alls at least once per forward.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
@@ -23,7 +25,7 @@ from autosp.compiler.context import SPContext
 from autosp.compiler.passes.attention import wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
 
-_MATMULS = {torch.matmul, torch.bmm, torch.einsum, torch.baddbmm}
+_MATMULS = {torch.matmul, operator.matmul, torch.bmm, torch.einsum, torch.baddbmm}  # `q @ k.T` is operator.matmul
 
 
 def _param_placeholders(gm: fx.GraphModule, example_inputs) -> set:
@@ -31,18 +33,15 @@ def _param_placeholders(gm: fx.GraphModule, example_inputs) -> set:
             if isinstance(v, torch.nn.Parameter)}
 
 
-def _depends_on(node: fx.Node, roots: set, memo: dict) -> bool:
-    stack, order = [node], []
-    while stack:
-        current = stack.pop()
-        if current in memo:
-            continue
-        order.append(current)
-        stack.extend(p for p in current.all_input_nodes if p not in memo)
-    for current in reversed(order):
-        if current not in memo:
-            memo[current] = current in roots or any(memo.get(p, False) for p in current.all_input_nodes)
-    return memo[node]
+def _descendants(gm: fx.GraphModule, roots: set) -> set:
+    """``roots`` and every node computed from one of them: one pass in graph (topological) order, so
+    each edge is looked at once. (A walk back from each node without remembering what it already queued
+    enumerates paths, not nodes: exponential in a residual stream.)"""
+    reached = set()
+    for node in gm.graph.nodes:
+        if node in roots or any(p in reached for p in node.all_input_nodes):
+            reached.add(node)
+    return reached
 
 
 def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
@@ -57,22 +56,27 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             fail("no attention found: the model must call torch.nn.functional.scaled_dot_product_attention "
                  "(for Hugging Face models load them with attn_implementation='sdpa')")
     params = _param_placeholders(gm, example_inputs)
-    memo: dict = {}
-    bools = {n for n in gm.graph.nodes if example(n) is not None and example(n).dtype == torch.bool}
-    bool_memo: dict = {}
     noted = False
     square = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr") and s >= 2
               and example(n) is not None and example(n).dim() >= 2 and tuple(example(n).shape[-2:]) == (s, s)]
+    if not square:
+        return
     for node in square:
         if node.op == "call_function" and node.target in _MATMULS and len(node.all_input_nodes) >= 2 \
                 and not any(p in params for p in node.all_input_nodes):
             fail(f"attention computed outside scaled_dot_product_attention ({s} x {s} scores); use SDPA "
                  f"(Hugging Face: attn_implementation='sdpa')", node)
+    # Which (s x s) tensors are masks: computed from booleans and not from the weights. A tensor that is
+    # s x s only by coincidence (logits when the vocabulary equals s, an MLP activation when its width
+    # does) comes from the weights; each dependence is computed once for the whole graph.
+    from_weights = _descendants(gm, params)
+    bools = {n for n in gm.graph.nodes if example(n) is not None and example(n).dtype == torch.bool}
+    from_bools = _descendants(gm, bools)
     for node in square:
         value = example(node)
-        if _depends_on(node, params, memo):
+        if node in from_weights:
             continue
-        if value.dtype != torch.bool and not _depends_on(node, bools, bool_memo):
+        if value.dtype != torch.bool and node not in from_bools:
             continue  # e.g. a rotary table whose head_dim happens to equal s
         if ctx.fragments and not sdpa:  # a mask built here and handed over a graph break
             if not noted:
