@@ -16,16 +16,20 @@ all-reduce must run exactly once and the all-to-alls at least once per forward.
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import fx
 
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.attention import wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
+from autosp.cost_models.op_classes import is_matmul
 
-_MATMULS = {torch.matmul, operator.matmul, torch.bmm, torch.einsum, torch.baddbmm}  # `q @ k.T` is operator.matmul
+
+def _product_of_two(node: fx.Node) -> bool:
+    """A matmul (torch.matmul, ``@``, bmm, einsum, ...: the shared table of matmul ops) of two graph values;
+    linear and convolution multiply by a layer's weight by construction."""
+    name = getattr(node.target, "__name__", "")
+    return is_matmul(name) and name not in ("linear", "convolution") and len(node.all_input_nodes) >= 2
 
 
 def _param_placeholders(gm: fx.GraphModule, example_inputs) -> set:
@@ -62,7 +66,7 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     if not square:
         return
     for node in square:
-        if node.op == "call_function" and node.target in _MATMULS and len(node.all_input_nodes) >= 2 \
+        if node.op == "call_function" and _product_of_two(node) \
                 and not any(p in params for p in node.all_input_nodes):
             fail(f"attention computed outside scaled_dot_product_attention ({s} x {s} scores); use SDPA "
                  f"(Hugging Face: attn_implementation='sdpa')", node)

@@ -57,17 +57,10 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from autosp.cost_models.op_classes import KEEP_CLASSES, attention_kind, is_matmul
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 from autosp.errors import UsageError
 
-KEEP_CLASSES = {"selective": frozenset({"matmul", "attention", "collective"}),
-                "sequence": frozenset({"attention", "collective"}),
-                "full": frozenset()}
-"""Op classes a policy never recomputes (``none`` tags nothing)."""
-
-MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm", "_scaled_mm", "convolution",
-                        "linear"})
-ATTENTION_OPS = frozenset({"_flash_attention_forward", "_efficient_attention_forward", "flex_attention"})
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
 COLLECTIVE_WORDS = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """An op of the ``autosp_ops`` namespace whose name contains one of these is a collective (it moves data
@@ -118,9 +111,9 @@ def _class_of_target(target) -> str:
     namespace, name = _op_name(target)
     if namespace in COLLECTIVE_NAMESPACES or (namespace == "autosp_ops" and any(w in name for w in COLLECTIVE_WORDS)):
         return "collective"
-    if "scaled_dot_product" in name or name in ATTENTION_OPS:
+    if attention_kind(name):  # forward or backward kernel: the same tables as the graph-derived cost model
         return "attention"
-    if name in MATMUL_OPS:
+    if is_matmul(name):
         return "matmul"
     return "other"
 

@@ -31,11 +31,10 @@ or the layer input. Everything visited on the way is recomputed in the backward.
 from __future__ import annotations
 
 from autosp.cost_models.graph_profile.fit import clean, clean_ratio, fit_flops, fit_linear
+from autosp.cost_models.op_classes import KEEP_CLASSES
 from autosp.cost_models.profile import Elems, ModelProfile
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 
-KEEP_CLASSES = {"selective": {"matmul", "attention", "collective"}, "sequence": {"attention", "collective"},
-                "full": set()}
 
 LAYOUT_OPS = {"clone", "_unsafe_view", "contiguous", "transpose", "permute", "reshape", "expand", "view",
               "_reshape_alias", "as_strided", "slice", "select", "unsqueeze", "squeeze", "t", "alias", "detach",

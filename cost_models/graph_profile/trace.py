@@ -42,6 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from autosp.cost_models.op_classes import attention_kind, is_matmul
+
 aten = torch.ops.aten
 
 TRACE_DTYPE = torch.bfloat16
@@ -52,15 +54,13 @@ CAUSAL_ATTENTION = "autosp_causal_sdpa"
 """The attention implementation registered with transformers for HF configs: SDPA with ``is_causal`` and
 ``enable_gqa`` and no mask (see :func:`_register_causal_attention`)."""
 
-_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "matmul", "dot", "mv"}
-
-
 def _op_kind(name: str) -> str:
-    if name in _MATMUL:
+    """matmul / attention / attention_backward (the tables the compiler uses too) / embedding / other."""
+    if is_matmul(name):
         return "matmul"
-    if ("scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name
-            or "cudnn_attention" in name):
-        return "attention_backward" if "backward" in name else "attention"
+    attention = attention_kind(name)
+    if attention:
+        return attention
     if name in ("embedding", "embedding_dense_backward"):
         return "embedding"
     return "other"
