@@ -72,38 +72,22 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def deepspeed_config(candidate: Candidate, dtype: str, plan=None) -> dict:
-    """DeepSpeed sees all dp x sp ranks as data parallel (see autosp.compiler.runtime)."""
-    world = candidate.world_size
-    config = {
-        "train_batch_size": candidate.micro_batch * candidate.grad_accum * world,
-        "train_micro_batch_size_per_gpu": candidate.micro_batch,
-        "gradient_accumulation_steps": candidate.grad_accum,
-        "gradient_clipping": 0.0,
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
-        "bf16": {"enabled": dtype == "bf16"},
-        "zero_optimization": {"stage": candidate.zero_stage},
-    }
-    if plan is not None:
-        try:  # the planner's config carries the bucket sizes its cost model charged for
-            from autosp.planner.ds_config import deepspeed_config as planner_config
-        except ImportError:
-            planner_config = None
-        if planner_config is not None:
-            config = planner_config(plan)
-            config.pop("autosp", None)
-            config["bf16"] = {"enabled": dtype == "bf16"}
-    zero = config.setdefault("zero_optimization", {})
-    zero["stage"] = candidate.zero_stage
-    if getattr(candidate, "offload_optimizer", False):  # ZeRO-Offload: a DeepSpeed setting, no graph change
-        import torch
+def deepspeed_config(candidate: Candidate, dtype: str, plan=None, model=None, gradient_clipping=None) -> dict:
+    """The run's DeepSpeed config: :func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the one
+    builder ``autosp-plan --ds-config`` uses too. DeepSpeed sees all dp x sp ranks as data parallel (see
+    autosp.compiler.runtime). The gradient bucket is sized for the plan's model (what its cost model
+    charged) or else for ``model``'s parameters."""
+    import torch
 
-        zero.setdefault("offload_optimizer", {"device": "cpu", "pin_memory": torch.cuda.is_available()})
-    if candidate.zero_stage == 3:
-        zero.setdefault("memory_efficient_linear", False)  # keep F.linear visible to the compiler
-    config["zero_allow_untested_optimizer"] = True
-    return config
+    from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
+
+    n_params = None
+    if plan is not None and hasattr(getattr(plan, "model", None), "n_params"):
+        n_params = plan.model.n_params()
+    elif model is not None:
+        n_params = sum(p.numel() for p in model.parameters())
+    return run_config(candidate, dtype, n_params=n_params, gradient_clipping=gradient_clipping,
+                      pin_memory=torch.cuda.is_available())
 
 
 def _leaf_block_names(model) -> list[str]:
@@ -140,7 +124,7 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None):
+                  z3_leaf_modules=None, gradient_clipping: float | None = None):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -157,7 +141,11 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
             ``torch.optim.AdamW(lr=lr)`` (a torch optimizer needs no CUDA extension build).
         dtype: ``"fp32"`` or ``"bf16"`` (DeepSpeed bf16: bf16 weights, fp32 master weights); default the plan's.
         backend: ``"inductor"`` (default) or ``"aot_eager"``.
-        ds_config: DeepSpeed config entries merged over the generated config.
+        ds_config: DeepSpeed config entries merged over the generated config
+            (:func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
+            --ds-config`` writes).
+        gradient_clipping: the maximum global gradient norm (default 1.0,
+            :data:`autosp.cost_models.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
         ignore_index, pad_token_id: the label to ignore and the token used to pad S to a multiple of P
             (default the model config's pad_token_id, else 0; pads are masked by causality and ignored).
         pad_to_multiple_of: also pad S to a multiple of this (bounds the number of distinct compiled lengths).
@@ -192,7 +180,7 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
     from autosp.compiler.runtime import SPEngine
 
     layout = make_layout(candidate.sp, candidate.dp)
-    config = deep_merge(deepspeed_config(candidate, dtype, source_plan), ds_config or {})
+    config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
 
     if candidate.zero_stage == 3:
         from deepspeed.utils import set_z3_leaf_modules_by_name

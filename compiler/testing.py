@@ -61,13 +61,19 @@ def _loss(out):
     return out if isinstance(out, torch.Tensor) else (out.loss if hasattr(out, "loss") else out[0])
 
 
-def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: int = 1) -> dict:
+def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: int = 1,
+                  gradient_clipping: float | None = None) -> dict:
     """One process, full sequences: losses per micro-step, grads of the first optimizer step (the mean over
-    its ``grad_accum`` micro-batches, as DeepSpeed accumulates), weights after the last step."""
+    its ``grad_accum`` micro-batches, as DeepSpeed accumulates; before clipping), weights after the last
+    step. Gradients are clipped to the global norm ``gradient_clipping`` before each step, as DeepSpeed
+    does with the config ``autosp.compile`` builds (None: its default, 0: no clipping)."""
+    from autosp.cost_models.deepspeed_config import GRADIENT_CLIPPING
+
+    clip = GRADIENT_CLIPPING if gradient_clipping is None else gradient_clipping
     model = copy.deepcopy(model)
     model.train()
     optimizer = optimizer_fn(model.parameters())
-    losses, grads = [], None
+    losses, grads, grad_norm = [], None, None
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
         loss = _loss(model(**batch, **(model_kwargs or {})))
@@ -76,10 +82,13 @@ def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: i
         if (i + 1) % grad_accum == 0:
             if grads is None:
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                grad_norm = torch.nn.utils.get_total_norm(list(grads.values())).item()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return {"losses": losses, "grads": grads, "weights": weights}
+    return {"losses": losses, "grads": grads, "weights": weights, "grad_norm": grad_norm, "clip": clip}
 
 
 def full_grad(param):

@@ -17,33 +17,22 @@ with ``world_size = dp x sp``, so ``train_batch_size`` counts *sequence shards*,
 The number of *sequences* per optimizer step is ``micro_batch x grad_accum x dp``; it is written, with
 the tokens per step and every SP knob, in the ``autosp`` section. DeepSpeed's parser ignores unknown
 top-level keys (checked against DeepSpeed 0.19.8 in tests/test_ds_config.py), so the section rides
-along in the same file; the compiler reads it. The config deliberately has no ``sequence_parallel_size``
+along in the same file; ``autosp-plan check`` reads it. The config deliberately has no ``sequence_parallel_size``
 key: with it (and no mpu) DeepSpeed would divide its world size by sp and reject these batch sizes.
 
-The ``zero_optimization`` section is :func:`autosp.cost_models.deepspeed_buffers.zero_config_fields`:
-the same bucket sizes and overlap settings the cost model charges communication-buffer memory and time
-for, so the prediction and the run agree.
-The optimizer is not in the config: the caller (or ``autosp.compile``) passes it to DeepSpeed. With
-``offload_optimizer`` the section gets ``offload_optimizer: {device: cpu, pin_memory: true}``
-(ZeRO-Offload), and DeepSpeed insists on its CPU Adam (``deepspeed.ops.adam.DeepSpeedCPUAdam``).
+Everything but the ``autosp`` section comes from :func:`autosp.cost_models.deepspeed_config.deepspeed_config`,
+the one builder ``autosp.compile`` uses too (its module doc lists the defaults, gradient clipping at 1.0
+among them, and how to override them): the same bucket sizes the cost model charges memory and time for,
+ZeRO-Offload of the optimizer when the plan asks for it (DeepSpeed then insists on its CPU Adam,
+``deepspeed.ops.adam.DeepSpeedCPUAdam``). The optimizer itself is not in the config: the caller (or
+``autosp.compile``) passes it to DeepSpeed.
 """
 
 from __future__ import annotations
 
 import json
 
-GRADIENT_CLIPPING = 1.0
-STEPS_PER_PRINT = 10
-
-
-def _zero_section(stage: int, offload_optimizer: bool, n_params: float | None = None) -> dict:
-    from autosp.cost_models.deepspeed_buffers import zero_config_fields
-
-    section = dict(zero_config_fields(stage, n_params))
-    if offload_optimizer:
-        # ZeRO-Offload: DeepSpeed then requires its CPU Adam (DeepSpeedCPUAdam) as the optimizer
-        section["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    return section
+from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
 
 
 def deepspeed_config(plan) -> dict:
@@ -52,14 +41,7 @@ def deepspeed_config(plan) -> dict:
     world = c.dp * c.sp
     sequences = c.micro_batch * c.grad_accum * c.dp
     return {
-        "train_batch_size": c.micro_batch * c.grad_accum * world,
-        "train_micro_batch_size_per_gpu": c.micro_batch,
-        "gradient_accumulation_steps": c.grad_accum,
-        "gradient_clipping": GRADIENT_CLIPPING,
-        "steps_per_print": STEPS_PER_PRINT,
-        "wall_clock_breakdown": False,
-        "bf16": {"enabled": w.dtype == "bf16"},
-        "zero_optimization": _zero_section(c.zero_stage, c.offload_optimizer, plan.model.n_params()),
+        **run_config(c, w.dtype, n_params=plan.model.n_params()),
         "autosp": {
             "note": ("DeepSpeed's data-parallel world here is all dp*sp ranks; train_batch_size counts "
                      "sequence shards (sp per sequence). Sequences per optimizer step: "

@@ -120,3 +120,31 @@ def test_deepspeed_accepts_the_config_on_dp_times_sp_processes(tmp_path):
                 assert got["world"] == 2 and got["tbs"] == tbs
             else:
                 assert "train_batch_size" in got["error"] or "Train batch" in got["error"]
+
+
+def test_planned_and_hand_made_runs_get_one_config_with_one_clipping_default(one_gpu_plan):
+    """Regression: autosp.compile(sp_size=...) built its own config with gradient_clipping 0.0 while a planned
+    run (--ds-config, or compile with the plan) clipped at 1.0. One builder now serves every entry point."""
+    import torch
+
+    from autosp.compiler.api import deepspeed_config as compile_config
+    from autosp.cost_models.deepspeed_config import GRADIENT_CLIPPING
+
+    plan = replace(one_gpu_plan, candidate=replace(one_gpu_plan.candidate, offload_optimizer=False))
+    dtype = plan.workload.dtype
+    hand_made = compile_config(plan.candidate, dtype)          # autosp.compile(model, sp_size=...)
+    with_plan = compile_config(plan.candidate, dtype, plan)    # autosp.compile(model, plan=...)
+    written = deepspeed_config(plan)                           # autosp-plan --ds-config
+    assert GRADIENT_CLIPPING == 1.0
+    assert hand_made["gradient_clipping"] == with_plan["gradient_clipping"] == written["gradient_clipping"] == 1.0
+    written.pop("autosp")
+    assert with_plan == written  # the planner's file is what the compiler runs, plus the autosp section
+    # a hand-made run sizes the gradient bucket by the model it is given, everything else is the same
+    model = torch.nn.Linear(1000, 1000)
+    sized = compile_config(plan.candidate, dtype, None, model)
+    assert sized["zero_optimization"]["reduce_bucket_size"] == 1000 * 1000 + 1000
+    sized["zero_optimization"].pop("reduce_bucket_size"), written["zero_optimization"].pop("reduce_bucket_size")
+    assert sized == written
+    # the user's override (autosp.compile(..., gradient_clipping=0) turns clipping off)
+    assert compile_config(plan.candidate, dtype, plan, gradient_clipping=0)["gradient_clipping"] == 0.0
+    assert compile_config(plan.candidate, dtype, gradient_clipping=0.5)["gradient_clipping"] == 0.5
