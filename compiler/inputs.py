@@ -1,4 +1,4 @@
-"""Per-rank inputs: the runtime half of the exact SP semantics (design.md section 2).
+"""Per-rank inputs: the runtime half of the exact SP semantics (docs/design.md section 2).
 
 Every rank receives the full batch. :func:`shard_batch` turns it into this rank's inputs:
 

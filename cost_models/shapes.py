@@ -1,7 +1,7 @@
 """Per-GPU tensor shapes of one Ulysses training step: the quantities every other module shares.
 
 Nothing here allocates or imports torch; :func:`shapes` validates a candidate against the model
-(query/KV head divisibility, design.md section 2) and returns plain numbers.
+(query/KV head divisibility, docs/design.md section 2) and returns plain numbers.
 """
 
 from __future__ import annotations

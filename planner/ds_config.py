@@ -3,7 +3,7 @@
 Batch sizes — what they mean here. autosp launches one process per GPU, ``dp x sp`` processes in all,
 and hands DeepSpeed **all of them as its data-parallel world**: every rank of an SP group feeds
 DeepSpeed one shard of the same sequence, and the compiler scales the loss (sum over the valid targets
-of all shards / number of valid targets of the whole sequence, design.md section 2) so the gradients
+of all shards / number of valid targets of the whole sequence, docs/design.md section 2) so the gradients
 DeepSpeed averages over the ``dp x sp`` ranks are exactly the single-process ones. DeepSpeed checks
 
     train_batch_size == train_micro_batch_size_per_gpu x gradient_accumulation_steps x world_size

@@ -9,7 +9,7 @@ Knobs and choices
 - ``sp``: a divisor of the world size. The SP group lives inside one node unless cross-node SP is
   allowed; then a group must tile whole nodes (sp a multiple of the devices per node).
 - ``dp = world / sp``; every rank is in exactly one SP group and one DP group.
-- ``zero_stage``: 0-3 (model states sharded over all dp x sp ranks, design.md section 3).
+- ``zero_stage``: 0-3 (model states sharded over all dp x sp ranks, docs/design.md section 3).
 - ``micro_batch`` in :data:`MICRO_BATCHES`; ``grad_accum`` follows from ``--global-batch``:
   global_batch = dp x micro_batch x grad_accum sequences. Without a global batch, grad_accum is 1 and a
   step trains dp x micro_batch sequences.
@@ -20,7 +20,7 @@ Knobs and choices
   Adam); only with ZeRO stage >= 1.
 - ``overlap``: none / kv_async / head_pipeline; only with sp > 1 (with sp = 1 there is no all-to-all).
 
-Validity rules (design.md section 2)
+Validity rules (docs/design.md section 2)
 
 - query heads divide by sp; KV heads either divide by sp (sharded) or divide sp (replicated
   sp / n_kv times before the all-to-all); anything else is invalid;

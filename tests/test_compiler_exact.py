@@ -1,4 +1,4 @@
-"""SP training == single-process training, on CPU with gloo (design.md section 2).
+"""SP training == single-process training, on CPU with gloo (docs/design.md section 2).
 
 Each spawned job (world 2, world 4) builds one engine per case, trains 3 steps on full batches that
 every rank receives, and rank 0 compares against one process training a copy of the same model on the

@@ -20,7 +20,7 @@ H100X8 = resolve_hardware("h100x8")
 
 
 # --------------------------------------------------------------------------------------------------
-# ZeRO model states (design.md section 3; ZeRO paper arXiv 1910.02054, Figure 1: psi = 7.5B, N_d = 64)
+# ZeRO model states (docs/design.md section 3; ZeRO paper arXiv 1910.02054, Figure 1: psi = 7.5B, N_d = 64)
 # --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])

@@ -3,7 +3,7 @@ token chunks and the full s x vocab logits never exist.
 
 It runs after the loss pass, which has already made the loss ``cross_entropy(..., reduction='sum')``
 (or ``nll_loss(log_softmax(...), reduction='sum')``) over this rank's tokens and built the exact
-global mean from that sum (design.md section 2). The pattern, walking back from the loss's input:
+global mean from that sum (docs/design.md section 2). The pattern, walking back from the loss's input:
 
     F.linear(hidden, W, b)  [-> .float() / .to(float32)]  [-> view / reshape / flatten / contiguous]
 
