@@ -78,7 +78,7 @@ def request_description(model: ModelSpec, hw: HardwareSpec, workload: Workload, 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
-              measure=None) -> Plan:
+              measure=None, time_budget=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
 
     ``model``: a preset name, a path to a Hugging Face ``config.json``, a ``package.module:function``
@@ -95,6 +95,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its ``k``): run the top-k
     measurable candidates with autosp-train and choose by the measurement (:mod:`autosp.planner.measure`).
     A shared study or a measurement bypasses the plan cache.
+    ``time_budget``: seconds (or ``"2m"``) the Optuna trials may take; without ``trials`` the budget alone
+    decides how many run (at most ``search.MAX_TRIALS``). ``trials`` above that bound is a usage error.
     Raises UsageError for bad input and InfeasibleError when nothing fits.
     """
     started = time.perf_counter()
@@ -110,6 +112,12 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     if measure is not None and objective != "throughput":
         raise UsageError("--measure works with --objective throughput")
     trials = _check_options(objective, search, dtype, None if collect_only else trials, top_k, seed)
+    if time_budget is not None:
+        from autosp.planner.units import parse_seconds
+
+        time_budget = parse_seconds(time_budget, "--time-budget")
+        if search != "optuna":
+            raise UsageError("--time-budget bounds the Optuna search; --search exhaustive scores every candidate")
     if ctx is None:
         if objective != "max-ctx":
             raise UsageError("--ctx is required (except with --objective max-ctx)")
@@ -122,12 +130,15 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     hw_spec = _resolve_hardware(hw, nodes)
 
     from autosp.planner.evaluator import CTX_GRANULE, Evaluator
-    from autosp.planner.search import DEFAULT_TRIALS
+    from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
     from autosp.planner.space import SPACE_VERSION, build_space
     from autosp.planner.versions import code_version, cost_model_version
 
+    if trials is not None and trials > MAX_TRIALS:
+        raise UsageError(f"--trials {trials:,} is more than one search runs (at most {MAX_TRIALS:,}: each TPE trial "
+                         f"costs more than the last); bound a longer search by time with --time-budget")
     if trials is None:
-        trials = 0 if collect_only else DEFAULT_TRIALS
+        trials = 0 if collect_only else (MAX_TRIALS if time_budget is not None else DEFAULT_TRIALS)
     if measure is not None:
         measure = measure.check(hw_spec)
     workload = Workload(seq_len=seq_len or CTX_GRANULE, global_batch=global_batch, dtype=dtype)
@@ -139,6 +150,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
 
     request = request_description(model_spec, hw_spec, workload, objective, search, trials, seed,
                                   allow_cross_node_sp, top_k, SPACE_VERSION)
+    if time_budget is not None:
+        request["time_budget"] = time_budget  # a budget-bound search may stop at another trial
     request["workload"]["seq_len"] = seq_len  # None: max-ctx without a floor
     if profile is not None:
         request["model_profile"] = profile.fingerprint  # graph-derived costs: the plan depends on the trace
@@ -166,10 +179,12 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     if search == "optuna":
         from autosp.planner import search as optuna_search
 
+        deadline = None if time_budget is None else time.monotonic() + time_budget
         if objective == "throughput":
-            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared)
+            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared,
+                                                     deadline=deadline)
         else:
-            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed)
+            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline)
         sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + local refinement" if shared is None
                    else f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + local "
                         f"refinement, shared study {shared.study_name!r}")
@@ -220,6 +235,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         "seed": seed,
         "allow_cross_node_sp": allow_cross_node_sp,
         "search_wall_time_s": round(search_seconds, 4),
+        "time_budget_s": time_budget,
         "wall_time_s": round(time.perf_counter() - started, 4),
         "cache": "miss" if store is not None else "off",
         "padding_tokens": pad_tokens,

@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="throughput: most tokens/s at --ctx (default); max-ctx: the longest context that fits")
     how.add_argument("--search", default="optuna", choices=("optuna", "exhaustive"),
                      help="optuna (default): TPE with memory as a constraint; exhaustive: score every candidate")
-    how.add_argument("--trials", metavar="N", help="Optuna trials (default 60)")
+    how.add_argument("--trials", metavar="N", help="Optuna trials (default 60; at most 10,000)")
+    how.add_argument("--time-budget", metavar="S", help="stop the Optuna trials after S seconds (30, 90s, 2m, 1h); "
+                                                        "without --trials the budget alone decides how many run")
     how.add_argument("--seed", metavar="S", type=int, default=0, help="Optuna seed (default 0)")
     how.add_argument("--allow-cross-node-sp", action="store_true",
                      help="let an SP group span nodes (its all-to-alls then use the inter-node links)")
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
                      global_batch=args.global_batch, dtype=args.dtype, search=args.search, trials=args.trials,
                      seed=args.seed, cache=None if args.no_cache else (args.cache or True),
                      allow_cross_node_sp=args.allow_cross_node_sp, storage=args.storage,
-                     study_name=args.study_name, worker=args.worker_id, measure=measure)
+                     study_name=args.study_name, worker=args.worker_id, measure=measure, time_budget=args.time_budget)
 
     from autosp.planner.plan import write_outputs
 

@@ -28,12 +28,17 @@ Trials proposing a candidate already scored cost no cost-model call (the evaluat
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import asdict, replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 
 DEFAULT_TRIALS = 60
+MAX_TRIALS = 10_000
+"""The most sampler trials one search runs. TPE's cost per trial grows with the trials before it
+(llama at 200k on h100x8: 300 trials 2.4 s, 1,000 trials 15 s; 10,000 about 20 minutes), so a longer
+search is asked for by time (``time_budget``), not by count."""
 REFINE_STARTS = 3
 """Local refinement climbs from the best trial of this many different (sp, ZeRO, checkpointing) families."""
 
@@ -111,6 +116,7 @@ class _Study:
             sampler = _sampler(self.optuna, shared.sampler_seed(seed), n_startup)
             self.study = open_study(self.optuna, shared, sampler)
         self.n_trials = 0
+        self.stopped_by_deadline = False
         self.enqueued: list[dict] = []
 
     def _objective(self, trial):
@@ -125,11 +131,24 @@ class _Study:
         _set_constraints(self.optuna, trial, constraints)
         return value
 
-    def run(self, n: int, bar) -> None:
+    def run(self, n: int, bar, deadline: float | None = None) -> None:
+        """Run ``n`` trials, or fewer if the ``deadline`` (time.monotonic()) comes first."""
         if n <= 0:
             return
-        self.study.optimize(self._objective, n_trials=n, callbacks=[lambda *_: bar.update()])
-        self.n_trials += n
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            self.stopped_by_deadline = True
+            return
+        done = [0]
+
+        def count(*_):
+            done[0] += 1
+            bar.update()
+
+        self.study.optimize(self._objective, n_trials=n, timeout=timeout, callbacks=[count])
+        self.n_trials += done[0]
+        if done[0] < n:
+            self.stopped_by_deadline = True
 
     def enqueue(self, knob_sets) -> int:
         count = 0
@@ -291,11 +310,14 @@ def _distinct_starts(ranked, k: int) -> list:
 
 
 def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
-                      seq_len: int | None = None, label: str = "optuna", shared=None) -> SearchResult:
+                      seq_len: int | None = None, label: str = "optuna", shared=None,
+                      deadline: float | None = None) -> SearchResult:
     """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.study.Shared`) the study
     lives in a storage other workers share: the refinement starts from every worker's trials, records
     what it finds as trials, and the result ranks the study's trials (its best is the study's best
-    feasible trial). ``trials`` = 0 is allowed only then: no sampler trials, just refine and read."""
+    feasible trial). ``trials`` = 0 is allowed only then: no sampler trials, just refine and read.
+    ``deadline`` (a time.monotonic() value) stops the sampler trials early; the warm starts and the
+    refinement (a few hundred cost-model calls) still run."""
     seq = space.workload.seq_len if seq_len is None else seq_len
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
 
@@ -308,10 +330,11 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         return est.tokens_per_second, {"valid": 0.0, "memory": excess}
 
     study = _Study(target, seed, trials, value_fn, label, shared=shared)
-    bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS + 3, label)
+    bar = progress_bar(None if deadline is not None else max(trials, len(warm_starts(target))) + REFINE_STARTS + 3,
+                       label)  # a time budget: count trials, no total
     if shared is None or not shared.collect_only:
         study.run(study.enqueue(warm_starts(target)), bar)
-        study.run(max(0, trials - study.n_trials), bar)
+        study.run(max(0, trials - study.n_trials), bar, deadline)
     if shared is not None:
         from autosp.planner.study import finished_candidates
 
@@ -368,6 +391,9 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     bar.close()
     ranked = ranked_at(evaluator, seq)
     details = {"trial_evaluations": after_trials, "refine_evaluations": evaluator.calls - after_trials}
+    if study.stopped_by_deadline:
+        details["stopped_by"] = f"time budget after {study.n_trials} trials"
+
     if shared is not None:
         ranked, details["study"] = _record_and_rank(study, target, evaluator, seq, ranked, ends)
     return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked, evaluations=evaluator.calls,
@@ -396,7 +422,8 @@ def _record_and_rank(study, target, evaluator, seq, ranked, ends):
     return ranked, info
 
 
-def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0) -> SearchResult:
+def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
+                   deadline: float | None = None) -> SearchResult:
     structural = replace(space.with_workload(evaluator.workload(MAX_CTX)), micro_batch=(1,))
 
     def value_fn(cand):
@@ -406,9 +433,10 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
         return float(ctx), {"valid": 0.0 if ctx > 0 else 1.0}
 
     study = _Study(structural, seed, trials, value_fn, "optuna max-ctx")
-    bar = progress_bar(max(trials, len(warm_starts(structural))) + REFINE_STARTS, "optuna max-ctx")
+    bar = progress_bar(None if deadline is not None else max(trials, len(warm_starts(structural))) + REFINE_STARTS,
+                       "optuna max-ctx")
     study.run(study.enqueue(warm_starts(structural)), bar)
-    study.run(max(0, trials - study.n_trials), bar)
+    study.run(max(0, trials - study.n_trials), bar, deadline)
 
     def better(a, b):
         incumbent = evaluator.max_context(b)
@@ -426,7 +454,10 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
         return SearchResult(strategy="optuna", seq_len=0, ranked=[], evaluations=evaluator.calls,
                             trials=stage1_trials, max_ctx=dict(memo))
     result = optuna_throughput(space, evaluator, trials=max(20, trials // 2), seed=seed, seq_len=best_ctx,
-                               label="optuna at max-ctx")
+                               label="optuna at max-ctx", deadline=deadline)
     result.trials += stage1_trials
+    if study.stopped_by_deadline:
+        result.details["stopped_by"] = f"time budget after {stage1_trials} trials (longest context)"
+
     result.max_ctx = dict(memo)
     return result

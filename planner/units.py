@@ -65,6 +65,24 @@ def parse_count(text, what: str) -> int:
     return _parse_scaled(text, what, allow_suffix=False)
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?$")
+_DURATION_UNITS = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_seconds(text, what: str) -> float:
+    """A positive duration such as ``--time-budget 30`` (seconds), ``90s``, ``2m`` or ``1.5h``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    elif isinstance(text, str) and _DURATION.match(text.strip().lower()):
+        number, unit = _DURATION.match(text.strip().lower()).groups()
+        value = float(number) * _DURATION_UNITS[unit]
+    else:
+        raise UsageError(f"{what}: cannot read {text!r}; expected seconds, e.g. 30, 90s, 2m or 1h")
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{what} must be a positive duration, got {text!r}")
+    return value
+
+
 def format_tokens(n: int) -> str:
     """A short human form: 200000 -> '200k', 3_700_000 -> '3.7M', 131072 -> '128Ki', 1000 -> '1k'.
 

@@ -35,3 +35,16 @@ def test_parse_count_has_no_suffixes():
                                     (604_160, "604.2k"), (3_821_568, "3.82M"), (1024, "1Ki"), (2**25, "32Mi")])
 def test_format_tokens(n, text):
     assert format_tokens(n) == text
+
+
+def test_durations():
+    from autosp.planner.units import parse_seconds
+
+    assert parse_seconds("30", "--time-budget") == 30.0
+    assert parse_seconds("90s", "--time-budget") == 90.0
+    assert parse_seconds("2m", "--time-budget") == 120.0
+    assert parse_seconds(" 1.5h ", "--time-budget") == 5400.0
+    assert parse_seconds(2, "--time-budget") == 2.0
+    for bad in ("0", "-1", "soon", "2 days", "", True, float("inf")):
+        with pytest.raises(UsageError, match="--time-budget"):
+            parse_seconds(bad, "--time-budget")
