@@ -19,6 +19,21 @@ from autosp.planner.units import format_gib, format_seconds, format_tokens, pars
 
 SEARCHES = ("optuna", "exhaustive")
 
+EVALUATIONS_PER_TRIAL = 70
+"""What one Optuna trial costs, in cost-model evaluations: TPE's sampling time per trial over the time of
+one evaluation inside the exhaustive search (studies/search_quality.py prints both; 3.0 ms and 0.044 ms
+in studies/results/search_quality.txt)."""
+
+OPTUNA_FIXED_EVALUATIONS = 1_500
+"""The cost-model calls an Optuna search makes besides its trials: the structure sweep and the local
+refinement (about 1,500 in studies/results/search_quality.txt)."""
+
+
+def exhaustive_is_cheaper(space_size: int, trials: int) -> bool:
+    """Whether scoring every candidate costs no more than the Optuna search with ``trials`` trials: then
+    the default search scores the whole space (the exact optimum, for less time)."""
+    return space_size <= trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS
+
 
 def _resolve_model(model) -> ModelSpec:
     if isinstance(model, ModelSpec):
@@ -176,7 +191,11 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
 
     evaluator = Evaluator(space)
     search_started = time.perf_counter()
-    if search == "optuna":
+    strategy = search
+    if (search == "optuna" and objective == "throughput" and shared is None
+            and exhaustive_is_cheaper(space.size(), trials)):
+        strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
+    if strategy == "optuna":
         from autosp.planner import search as optuna_search
 
         deadline = None if time_budget is None else time.monotonic() + time_budget
@@ -194,6 +213,9 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
                   else exhaustive.exhaustive_max_ctx(space, evaluator))
         sampler = "exhaustive"
+        if search != strategy:
+            sampler += (f" (the {space.size():,} candidates cost less to score than {trials} Optuna trials: "
+                        f"about {trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS:,} evaluations)")
     search_seconds = time.perf_counter() - search_started
 
     best = result.best
@@ -224,9 +246,9 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
     pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp)
     search_info = {
-        "strategy": search,
+        "strategy": strategy,
         "sampler": sampler,
-        "trials": result.trials if search == "optuna" else None,
+        "trials": result.trials if strategy == "optuna" else None,
         "evaluations": result.evaluations,
         "space_size": space.with_workload(workload).size(),
         "space_version": SPACE_VERSION,

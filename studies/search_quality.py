@@ -1,0 +1,143 @@
+"""How close the default search (``autosp-plan`` without ``--search``) comes to the optimum, over a broad
+random set of requests.
+
+    .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
+    .venv/bin/python -m studies.search_quality --n 40 --seed 1
+
+For each request (a preset model, a catalog accelerator on 1 to 64 devices, a context between 2k and 2M
+tokens drawn log-uniformly, with or without a global batch and cross-node SP, bf16 or fp32) the script
+plans twice in this process: with the default search, and with ``--search exhaustive`` (every candidate
+scored: the optimum). ratio = default best tokens/s / exhaustive best tokens/s. Requests that nothing fits
+are counted and left out. It prints the distribution of the ratio, which strategy the default used, the
+worst requests, and the timings that set the planner's threshold for scoring a small space exhaustively
+(cost of one cost-model evaluation inside the exhaustive search, cost of one Optuna trial), and writes
+``studies/results/search_quality.{json,txt}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+from autosp.errors import InfeasibleError, UsageError
+from autosp.planner.api import make_plan
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b",
+          "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b")
+ACCELERATORS = ("a100-40g", "a100-80g", "h100", "h200", "b200", "mi300x")
+DEVICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def random_request(rng: random.Random) -> dict:
+    devices = rng.choice(DEVICES)
+    ctx = int(round(math.exp(rng.uniform(math.log(2_000), math.log(2_000_000))) / 1000)) * 1000
+    request = {"model": rng.choice(MODELS), "ctx": ctx,
+               "hw": f"{rng.choice(ACCELERATORS)}x{devices}" if devices > 1 else rng.choice(ACCELERATORS),
+               "dtype": rng.choice(("bf16", "bf16", "bf16", "fp32"))}
+    if rng.random() < 0.3:
+        request["global_batch"] = devices * rng.choice((1, 2, 4, 8))
+    if devices > 8 and rng.random() < 0.5:
+        request["allow_cross_node_sp"] = True
+    return request
+
+
+def one(request: dict) -> dict:
+    row = {"request": request}
+    try:
+        started = time.perf_counter()
+        default = make_plan(**request)
+        row["default_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        best = make_plan(**request, search="exhaustive")
+        row["exhaustive_s"] = time.perf_counter() - started
+    except InfeasibleError:
+        row["infeasible"] = True
+        return row
+    s = default.search
+    row.update(strategy=s["strategy"], space_size=s["space_size"], evaluations=s["evaluations"],
+               trials=s.get("trials"), default_tps=default.estimate.tokens_per_second,
+               best_tps=best.estimate.tokens_per_second,
+               ratio=default.estimate.tokens_per_second / best.estimate.tokens_per_second,
+               default=default.candidate.short(), best=best.candidate.short(),
+               exhaustive_eval_ms=1000 * best.search["search_wall_time_s"] / max(1, best.search["evaluations"]),
+               default_search_s=s["search_wall_time_s"])
+    return row
+
+
+def quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def report(rows: list[dict], seed: int) -> str:
+    done = [r for r in rows if "ratio" in r]
+    ratios = [r["ratio"] for r in done]
+    lines = [f"search quality: default search vs exhaustive, {len(rows)} random requests (seed {seed}), "
+             f"{len(done)} feasible, {len(rows) - len(done)} infeasible"]
+    lines.append(f"  ratio (default best / exhaustive best tokens/s): min {min(ratios):.4f}, "
+                 f"p1 {quantile(ratios, 0.01):.4f}, p5 {quantile(ratios, 0.05):.4f}, "
+                 f"p10 {quantile(ratios, 0.10):.4f}, median {statistics.median(ratios):.4f}")
+    for bound in (0.99, 0.999, 1.0):
+        share = sum(r >= bound - 1e-12 for r in ratios) / len(ratios)
+        lines.append(f"  share >= {bound:<5}: {100 * share:5.1f}%  ({sum(r >= bound - 1e-12 for r in ratios)} of "
+                     f"{len(ratios)})")
+    for strategy in sorted({r["strategy"] for r in done}):
+        group = [r for r in done if r["strategy"] == strategy]
+        lines.append(f"  default used {strategy:<10}: {len(group):3d} requests, space {min(r['space_size'] for r in group):,}"
+                     f"-{max(r['space_size'] for r in group):,} candidates, worst ratio "
+                     f"{min(r['ratio'] for r in group):.4f}, median search {statistics.median(r['default_search_s'] for r in group):.2f} s")
+    per_eval = statistics.median(r["exhaustive_eval_ms"] for r in done)
+    optuna = [r for r in done if r["strategy"] == "optuna"]
+    if optuna:
+        per_trial = statistics.median(
+            1000 * max(0.0, r["default_search_s"] - r["evaluations"] * per_eval / 1000) / max(1, r["trials"])
+            for r in optuna)
+        lines.append(f"  cost: one cost-model evaluation {per_eval:.3f} ms (median, exhaustive search); one Optuna "
+                     f"trial {per_trial:.1f} ms beyond its evaluations = {per_trial / per_eval:.0f} evaluations")
+    worst = sorted(done, key=lambda r: r["ratio"])[:8]
+    lines.append("  worst requests:")
+    for r in worst:
+        q = r["request"]
+        extra = "".join(f" {k}={v}" for k, v in q.items() if k not in ("model", "ctx", "hw"))
+        lines.append(f"    {r['ratio']:.4f}  {q['model']} ctx {q['ctx']:,} on {q['hw']}{extra}: {r['strategy']} "
+                     f"({r['space_size']:,} candidates) {r['default']} vs {r['best']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m studies.search_quality", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=150, help="random requests (default 150)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the request generator (default 0)")
+    parser.add_argument("--out", default=str(RESULTS / "search_quality"), help="results path without suffix")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    rows = []
+    for i in range(args.n):
+        request = random_request(rng)
+        try:
+            rows.append(one(request))
+        except UsageError as err:  # e.g. a global batch no data-parallel degree divides: not a search question
+            rows.append({"request": request, "usage_error": str(err)})
+        r = rows[-1]
+        shown = (f"ratio {r['ratio']:.4f} ({r['strategy']}, {r['space_size']:,})" if "ratio" in r
+                 else "infeasible" if r.get("infeasible") else f"usage error: {r['usage_error'][:60]}")
+        print(f"[{i + 1}/{args.n}] {request['model']} {request['ctx']:,} {request['hw']}: {shown}", flush=True)
+    rows = [r for r in rows if "usage_error" not in r]
+    text = report(rows, args.seed)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"seed": args.seed, "n": args.n, "rows": rows}, indent=1) + "\n")
+    out.with_suffix(".txt").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
