@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_model(args, plan, torch):
     """(model, description, vocab)."""
-    from autosp.planner.models import resolve_model
+    from autosp.cost_models.catalog.models import resolve_model
 
     hf_path = None
     if args.model and (os.path.sep in args.model or args.model.endswith(".json") or os.path.isdir(args.model)):

@@ -104,9 +104,9 @@ def _check_out(path: str) -> None:
 
 def _resolve_compare(name: str):
     try:
-        from autosp.planner.hardware import resolve_hardware
+        from autosp.cost_models.catalog.hardware import resolve_hardware
     except ImportError:
-        raise UsageError("--compare needs the hardware catalog (autosp.planner.hardware), "
+        raise UsageError("--compare needs the hardware catalog (autosp.cost_models.catalog.hardware), "
                          "which this installation lacks") from None
     return resolve_hardware(name)
 

@@ -40,7 +40,7 @@ def _resolve_model(model) -> ModelSpec:
         return model
     if not isinstance(model, str) or not model.strip():
         raise UsageError(f"--model must be a preset name or a path to a config.json, got {model!r}")
-    from autosp.planner.models import resolve_model
+    from autosp.cost_models.catalog.models import resolve_model
 
     return resolve_model(model)
 
@@ -60,7 +60,7 @@ def _resolve_hardware(hw, nodes) -> HardwareSpec:
         return hw if nodes is None else replace(hw, nodes=nodes)
     if not isinstance(hw, str) or not hw.strip():
         raise UsageError(f"--hw must be a catalog name such as h100x8 or a path to a cluster file, got {hw!r}")
-    from autosp.planner.hardware import resolve_hardware
+    from autosp.cost_models.catalog.hardware import resolve_hardware
 
     return resolve_hardware(hw, nodes=nodes)
 

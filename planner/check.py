@@ -177,7 +177,7 @@ def resolve_target(art: Artifact, args) -> Target:
                              "config.json or package.module:function it was planned from)")
         model, profile, model_arg, model_shown = art.model, None, art.model, art.model.name
     else:
-        from autosp.planner.models import resolve_model
+        from autosp.cost_models.catalog.models import resolve_model
 
         try:
             model = resolve_model(art.model_name)

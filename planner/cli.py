@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
     def format_help(self):
         text = super().format_help()
         try:
-            from autosp.planner.hardware import describe_grammar
+            from autosp.cost_models.catalog.hardware import describe_grammar
 
             grammar = describe_grammar().rstrip()
         except Exception as err:  # noqa: BLE001 - help must always print
@@ -192,11 +192,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_models or args.list_hardware:
         if args.list_models:
-            from autosp.planner.models import list_models
+            from autosp.cost_models.catalog.models import list_models
 
             print("\n".join(_model_rows(list_models())))
         if args.list_hardware:
-            from autosp.planner.hardware import list_hardware
+            from autosp.cost_models.catalog.hardware import list_hardware
 
             print("\n".join(_hardware_rows(list_hardware())))
         return 0

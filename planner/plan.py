@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from autosp.cost_models.specs import (
-    AcceleratorSpec,
     Candidate,
     Estimate,
     HardwareSpec,
@@ -46,6 +45,7 @@ from autosp.cost_models.specs import (
     Workload,
     from_dict,
 )
+from autosp.cost_models.catalog.hardware import hardware_from_dict
 from autosp.errors import UsageError
 from autosp.version import __version__
 
@@ -89,12 +89,6 @@ def estimate_from_dict(data: dict) -> Estimate:
     data["time"] = from_dict(TimeBreakdown, data["time"])
     data["notes"] = tuple(data.get("notes", ()))
     return from_dict(Estimate, data)
-
-
-def hardware_from_dict(data: dict) -> HardwareSpec:
-    data = dict(data)
-    data["accelerator"] = from_dict(AcceleratorSpec, data["accelerator"])
-    return from_dict(HardwareSpec, data)
 
 
 def plan_from_dict(data: dict) -> Plan:

@@ -53,7 +53,7 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
     if not isinstance(model, str) or not model.strip():
         raise UsageError(f"--model must be a preset name, a path to a config.json or package.module:function, "
                          f"got {model!r}")
-    from autosp.planner import models
+    from autosp.cost_models.catalog import models
 
     arg = model.strip()
     if arg.lower() in models._alias_table():

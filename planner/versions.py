@@ -5,7 +5,8 @@
   Presentation and infrastructure files (the CLI, the report, the cache, the CI checks, the measured
   trials, this file) are left out: changing them never changes an answer.
 - :func:`cost_model_version`: a hash of the cost model alone (``cost_models/``, without the calibration
-  tool, which only writes hardware files that are fingerprinted on their own). A plan's prediction is
+  tool, which only writes hardware files that are fingerprinted on their own, and without the catalogs'
+  readers, whose output is fingerprinted too). A plan's prediction is
   reproducible exactly when this and the model/hardware fingerprints are unchanged.
 - ``space.SPACE_VERSION``: the search space (its own module).
 
@@ -29,7 +30,12 @@ PRESENTATION = frozenset({"cli.py", "report.py", "cache.py", "ds_config.py", "ch
 
 def _cost_model_files() -> list[Path]:
     return sorted(p for p in _COST_MODELS.rglob("*.py")
-                  if "calibration" not in p.relative_to(_COST_MODELS).parts and p.name != "calibrate.py")
+                  if not {"calibration", "catalog"} & set(p.relative_to(_COST_MODELS).parts)
+                  and p.name != "calibrate.py")
+
+
+def _catalog_files() -> list[Path]:
+    return sorted((_COST_MODELS / "catalog").glob("*.py"))
 
 
 def _digest(paths) -> str:
@@ -48,7 +54,7 @@ def cost_model_version() -> str:
 @lru_cache(maxsize=1)
 def code_version() -> str:
     planner = sorted(p for p in _PLANNER.glob("*.py") if p.name not in PRESENTATION)
-    return _digest(planner + _cost_model_files())
+    return _digest(planner + _catalog_files() + _cost_model_files())
 
 
 def stamps() -> dict:

@@ -105,8 +105,8 @@ def what_if_max_ctx(model, hw, cand, drop: tuple[str, ...]) -> int:
 
 
 def max_ctx_rows(lines: list[str]) -> None:
-    from autosp.planner.hardware import resolve_hardware
-    from autosp.planner.models import resolve_model
+    from autosp.cost_models.catalog.hardware import resolve_hardware
+    from autosp.cost_models.catalog.models import resolve_model
 
     model = resolve_model("llama-3.1-8b")
     for hw_name, alst in ALST.items():

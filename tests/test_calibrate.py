@@ -167,7 +167,7 @@ def test_fingerprint_is_stable_through_the_file_and_changes_with_figures(tmp_pat
 
 
 def test_summary_table_compares_with_a_catalog_entry():
-    from autosp.planner.hardware import resolve_hardware
+    from autosp.cost_models.catalog.hardware import resolve_hardware
 
     spec, sidecar = build_profile(_raw())
     table = format_summary(spec, sidecar, resolve_hardware("h100x8"), elapsed=1.0)
@@ -242,7 +242,7 @@ def test_calibration_modules_do_not_drag_torch_into_planning():
 def _assert_loadable_profile(path):
     from autosp.cost_models import estimate
     from autosp.cost_models.specs import Candidate, ModelSpec, Workload
-    from autosp.planner.hardware import resolve_hardware
+    from autosp.cost_models.catalog.hardware import resolve_hardware
 
     data = json.loads(path.read_text())
     spec = hardware_from_dict(data)

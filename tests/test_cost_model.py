@@ -9,8 +9,8 @@ from autosp.cost_models import estimate, fits, max_seq_len, memory_only
 from autosp.cost_models import comm, deepspeed_buffers as ds, memory
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
-from autosp.planner.hardware import resolve_hardware
-from autosp.planner.models import resolve_model
+from autosp.cost_models.catalog.hardware import resolve_hardware
+from autosp.cost_models.catalog.models import resolve_model
 
 GB = 1e9
 GIB = 1024 ** 3
@@ -373,7 +373,7 @@ def test_estimate_never_returns_negative_or_nan():
 
 
 def test_shapes_parameter_count_matches_model_spec():
-    from autosp.planner.models import list_models
+    from autosp.cost_models.catalog.models import list_models
 
     odd = ModelSpec(name="odd", n_layers=3, hidden=96, n_heads=6, n_kv_heads=3, head_dim=24, ffn_hidden=200,
                     vocab=1000, gated_mlp=False, tied_embeddings=True, qkv_bias=True)

@@ -25,8 +25,8 @@ from autosp.cost_models.graph_profile.compare import comparison
 from autosp.cost_models.graph_profile.fit import fit_flops, fit_linear
 from autosp.cost_models.profile import Elems, ModelProfile, analytic_profile
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, Workload
-from autosp.planner.hardware import resolve_hardware
-from autosp.planner.models import model_from_hf_config
+from autosp.cost_models.catalog.hardware import resolve_hardware
+from autosp.cost_models.catalog.models import model_from_hf_config
 
 TESTS = Path(__file__).resolve().parent
 H, F, A, KV, D, V, L = 256, 896, 8, 2, 32, 1000, 4   # Llama-3.1-8B ratios: q = h, 4 query heads per KV head, f = 3.5h
@@ -217,7 +217,7 @@ def test_cache_hit_reads_the_file_and_imports_no_torch(cache, llama, llama_path)
             "from autosp.cost_models.graph_profile import load_or_build\n"
             "from autosp.cost_models import estimate\n"
             "from autosp.cost_models.specs import Candidate, Workload\n"
-            "from autosp.planner.hardware import resolve_hardware\n"
+            "from autosp.cost_models.catalog.hardware import resolve_hardware\n"
             f"p = load_or_build({llama_path!r})\n"
             "e = estimate(p.model_spec(), resolve_hardware('h100x8'), Workload(seq_len=8192), Candidate(sp=2), profile=p)\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'\n"
@@ -309,7 +309,7 @@ def test_sp_validation_uses_the_traced_heads(llama, llama_path):
 def test_preset_config_reads_back_as_the_preset(cache):
     """--preset writes a config.json that the planner's reader turns back into the same ModelSpec."""
     from autosp.cost_models.graph_profile import preset_config
-    from autosp.planner.models import resolve_model
+    from autosp.cost_models.catalog.models import resolve_model
 
     for name in ("llama-3.1-8b", "qwen2.5-0.5b"):
         spec = resolve_model(name)

@@ -7,7 +7,7 @@ import pytest
 
 from autosp.cost_models.specs import HardwareSpec
 from autosp.errors import UsageError
-from autosp.planner.hardware import (GIB, catalog_entry, catalog_names, common_sources, describe_grammar,
+from autosp.cost_models.catalog.hardware import (GIB, catalog_entry, catalog_names, common_sources, describe_grammar,
                                      list_hardware, resolve_hardware)
 
 REQUIRED = ["a100-40g", "a100-80g", "h100", "h200", "b200", "mi300x", "gh200"]

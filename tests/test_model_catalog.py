@@ -8,7 +8,7 @@ import pytest
 
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
-from autosp.planner.models import list_models, model_from_hf_config, preset_info, preset_names, resolve_model
+from autosp.cost_models.catalog.models import list_models, model_from_hf_config, preset_info, preset_names, resolve_model
 
 REQUIRED = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b",
             "qwen2.5-7b", "qwen2.5-72b"]
@@ -134,7 +134,7 @@ def test_list_models_returns_model_specs():
 
 
 def test_planning_imports_never_pull_in_torch():
-    code = ("import sys, autosp.cost_models, autosp.planner.models, autosp.planner.hardware; "
+    code = ("import sys, autosp.cost_models, autosp.cost_models.catalog.models, autosp.cost_models.catalog.hardware; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

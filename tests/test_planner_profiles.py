@@ -23,7 +23,7 @@ from autosp.cost_models.graph_profile import load_or_build
 from autosp.cost_models.profile import Elems
 from autosp.errors import UsageError
 from autosp.planner.api import make_plan
-from autosp.planner.hardware import resolve_hardware
+from autosp.cost_models.catalog.hardware import resolve_hardware
 
 TESTS = Path(__file__).resolve().parent
 CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 448, "num_attention_heads": 8,

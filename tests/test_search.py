@@ -5,8 +5,8 @@ import pytest
 from autosp.cost_models.specs import Workload
 from autosp.planner.evaluator import CTX_GRANULE, Evaluator, rank_key
 from autosp.planner.exhaustive import exhaustive_max_ctx, exhaustive_throughput
-from autosp.planner.hardware import resolve_hardware
-from autosp.planner.models import resolve_model
+from autosp.cost_models.catalog.hardware import resolve_hardware
+from autosp.cost_models.catalog.models import resolve_model
 from autosp.planner.search import optuna_max_ctx, optuna_throughput
 from autosp.planner.space import build_space
 

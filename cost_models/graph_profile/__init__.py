@@ -170,9 +170,9 @@ def hf_config_of(spec) -> dict:
 
 
 def preset_config(name: str) -> str:
-    """Write the config.json of a planner preset (planner/data/models.toml) under the cache directory and
+    """Write the config.json of a planner preset (cost_models/catalog/models.toml) under the cache directory and
     return its path, so a preset can be profiled like any config (the cross-check of docs/graph_profile.md)."""
-    from autosp.planner.models import resolve_model
+    from autosp.cost_models.catalog.models import resolve_model
 
     spec = resolve_model(name)
     if not spec.gated_mlp:

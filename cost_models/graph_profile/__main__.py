@@ -3,7 +3,7 @@ compares with the analytic (Llama-block) formulas.
 
 MODEL is a Hugging Face config.json (or its directory) or ``package.module:function`` returning an
 ``nn.Module``. The analytic side is the ModelSpec the planner reads from the same config.json
-(planner.models.model_from_hf_config) when it understands it, else the widths the trace found.
+(cost_models.catalog.models.model_from_hf_config) when it understands it, else the widths the trace found.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ def analytic_reference(model_arg: str, profile):
     kind, target = describe_model_arg(model_arg)
     if kind == "config":
         try:
-            from autosp.planner.models import model_from_hf_config
+            from autosp.cost_models.catalog.models import model_from_hf_config
 
-            return model_from_hf_config(target), "config.json read by planner.models"
+            return model_from_hf_config(target), "config.json read by the model catalog"
         except Exception as err:  # noqa: BLE001 - any reader failure falls back to the traced widths
-            return profile.model_spec(), f"traced widths (planner.models cannot read it: {err})"
+            return profile.model_spec(), f"traced widths (the model catalog cannot read it: {err})"
     return profile.model_spec(), "traced widths"
 
 
@@ -43,7 +43,7 @@ def end_to_end(profile, spec, seq_len: int = 32768) -> list[dict]:
     from dataclasses import replace
 
     from autosp.cost_models import estimate
-    from autosp.planner.hardware import resolve_hardware
+    from autosp.cost_models.catalog.hardware import resolve_hardware
 
     hw = resolve_hardware("h100x8")
     base = _reference_candidate(profile)

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
                     steps=args.steps, backend=args.backend, impl=args.impl)
     hw = None
     if args.hw:
-        from autosp.planner.hardware import resolve_hardware
+        from autosp.cost_models.catalog.hardware import resolve_hardware
 
         hw = resolve_hardware(args.hw)
     row = measure(cfg, hardware=hw)

@@ -28,7 +28,7 @@ def calibrated_cpu(ranks: int, recalibrate: bool = False) -> HardwareSpec:
     """The calibrated profile of this machine with ``ranks`` gloo ranks (cached in studies/results/).
 
     Runs ``autosp-calibrate --quick --ranks N`` when the file is missing (20-60 s on 2 cores)."""
-    from autosp.planner.hardware import resolve_hardware
+    from autosp.cost_models.catalog.hardware import resolve_hardware
 
     path = RESULTS / f"calibrated-cpux{ranks}.json"
     if recalibrate or not path.exists():

@@ -29,7 +29,7 @@ Custom cluster file (``.toml``)::
     #   usable_memory_fraction
     # free text: description, source
 
-The catalog lives in ``planner/data/hardware.toml``; every figure there cites its public source.
+The catalog lives in ``cost_models/catalog/hardware.toml``; every figure there cites its public source.
 The efficiency factors are published defaults that calibration replaces with measurements.
 Every failure is a one-line :class:`~autosp.errors.UsageError`. Nothing here imports torch.
 """
@@ -44,10 +44,10 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
-from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec
+from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec, from_dict
 from autosp.errors import UsageError
 
-DATA_FILE = Path(__file__).with_name("data") / "hardware.toml"
+DATA_FILE = Path(__file__).with_name("hardware.toml")
 GIB = 1024 ** 3
 
 _LINK_KEYS = ("intra_node_bandwidth", "intra_node_latency", "inter_node_bandwidth", "inter_node_latency",
@@ -263,11 +263,16 @@ def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> Har
     return spec
 
 
+def hardware_from_dict(data: dict) -> HardwareSpec:
+    """A HardwareSpec from its ``dataclasses.asdict`` form (a hardware file, a plan's ``hardware``)."""
+    data = dict(data)
+    data["accelerator"] = from_dict(AcceleratorSpec, data["accelerator"])
+    return from_dict(HardwareSpec, data)
+
+
 def hardware_from_json(path: str | os.PathLike, nodes: int | None = None) -> HardwareSpec:
     """A HardwareSpec JSON (``dataclasses.asdict`` of a HardwareSpec, as autosp-calibrate writes it)."""
     from dataclasses import replace
-
-    from autosp.planner.plan import hardware_from_dict
 
     where = os.fspath(path)
     try:

@@ -3,7 +3,7 @@
 ``ARG`` is one of
 
 - a preset name or alias, case-insensitive (``llama`` is Llama-3.1-8B; ``autosp-plan --list-models``
-  or :func:`list_models` shows them all). Presets live in ``planner/data/models.toml``, each with the
+  or :func:`list_models` shows them all). Presets live in ``cost_models/catalog/models.toml``, each with the
   public source of its numbers;
 - a path to a Hugging Face ``config.json`` on disk (or a directory holding one). It is read as plain
   JSON: no ``transformers`` import, no download. Llama, Mistral and Qwen2 style keys are understood.
@@ -24,7 +24,7 @@ from pathlib import Path
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
 
-DATA_FILE = Path(__file__).with_name("data") / "models.toml"
+DATA_FILE = Path(__file__).with_name("models.toml")
 
 _SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "gated_mlp",
               "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source")
