@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     import autosp
-    from autosp.planner.units import parse_ctx
+    from autosp.units import parse_ctx
 
     # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor on every ZeRO-3 gather.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)

@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - started
     sidecar["elapsed_seconds"] = elapsed
     if args.out:
-        from autosp.planner.plan import write_text_atomically
+        from autosp.files import write_text_atomically
 
         # Sidecar first: a profile on disk always has its measurements next to it.
         write_text_atomically(measurements_path, json.dumps(sidecar, indent=1) + "\n")

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from autosp.cost_models.specs import DTYPES, Candidate, Estimate, HardwareSpec, ModelSpec, Workload
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.plan import OBJECTIVES, Plan, RunnerUp
-from autosp.planner.units import format_gib, format_seconds, format_tokens, parse_count, parse_ctx
+from autosp.units import format_gib, format_seconds, format_tokens, parse_count, parse_ctx
 
 SEARCHES = ("optuna", "exhaustive")
 
@@ -128,7 +128,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         raise UsageError("--measure works with --objective throughput")
     trials = _check_options(objective, search, dtype, None if collect_only else trials, top_k, seed)
     if time_budget is not None:
-        from autosp.planner.units import parse_seconds
+        from autosp.units import parse_seconds
 
         time_budget = parse_seconds(time_budget, "--time-budget")
         if search != "optuna":

@@ -164,7 +164,7 @@ class Target:
 
 def resolve_target(art: Artifact, args) -> Target:
     from autosp.planner.api import _resolve_hardware
-    from autosp.planner.units import parse_count, parse_ctx
+    from autosp.units import parse_count, parse_ctx
 
     if args.model:
         from autosp.planner.profiles import resolve_model_and_profile
@@ -332,7 +332,7 @@ def _now_dict(reason, est) -> dict:
 
 
 def run_check(args) -> dict:
-    from autosp.planner.units import format_gib, format_tokens
+    from autosp.units import format_gib, format_tokens
 
     tol = parse_tolerance(args.tolerance)
     art = load_artifact(args.file)
@@ -425,7 +425,7 @@ def run_check(args) -> dict:
 
 
 def render_check(r: dict) -> str:
-    from autosp.planner.units import GIB
+    from autosp.units import GIB
 
     t = r["target"]
     lines = [f"autosp-plan check {r['file']}: {r['status'].upper()} (exit {r['exit_code']})",
@@ -544,7 +544,7 @@ def run_select(args) -> dict:
 
 
 def render_select(r: dict) -> str:
-    from autosp.planner.units import GIB
+    from autosp.units import GIB
 
     t = r["target"]
     width = max([len(row["short"]) for row in r["candidates"]] + [9]) + 2

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from autosp.cost_models.catalog.hardware import hardware_from_dict
 from autosp.cost_models.specs import (
     Candidate,
     Estimate,
@@ -45,8 +45,8 @@ from autosp.cost_models.specs import (
     Workload,
     from_dict,
 )
-from autosp.cost_models.catalog.hardware import hardware_from_dict
 from autosp.errors import UsageError
+from autosp.files import read_json, write_text_atomically
 from autosp.version import __version__
 
 SCHEMA_VERSION = 2
@@ -127,33 +127,8 @@ def plan_from_dict(data: dict) -> Plan:
     return plan
 
 
-def read_json(path: str | os.PathLike, what: str = ""):
-    """The JSON in ``path``; unreadable or malformed files are a one-line UsageError naming ``what`` it is."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as err:
-        raise UsageError(f"cannot read {what}{path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{what}{path} is not valid JSON (line {err.lineno}): {err.msg}") from None
-
-
 def load_plan(path: str | os.PathLike) -> Plan:
     return plan_from_dict(read_json(path, "plan "))
-
-
-def write_text_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash never leaves a half-written file behind."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".autosp-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}") from None
 
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosp.planner.units import GIB, format_gib, format_seconds, format_tokens
+from autosp.units import GIB, format_gib, format_seconds, format_tokens
 
 BAR_WIDTH = 24
 _EIGHTHS = " ▏▎▍▌▋▊▉"

@@ -31,7 +31,7 @@ from pathlib import Path
 from autosp.cost_models.specs import Candidate, from_dict
 from autosp.errors import InfeasibleError
 from autosp.planner.api import make_plan
-from autosp.planner.units import format_gib, format_tokens
+from autosp.units import format_gib, format_tokens
 
 CASES = [  # (model, ctx, hardware, global batch)
     ("llama-3.1-8b", "200k", "h100x8", None),

@@ -1,7 +1,7 @@
 import pytest
 
 from autosp.errors import UsageError
-from autosp.planner.units import format_tokens, parse_count, parse_ctx
+from autosp.units import format_tokens, parse_count, parse_ctx
 
 
 @pytest.mark.parametrize("text,value", [
@@ -38,7 +38,7 @@ def test_format_tokens(n, text):
 
 
 def test_durations():
-    from autosp.planner.units import parse_seconds
+    from autosp.units import parse_seconds
 
     assert parse_seconds("30", "--time-budget") == 30.0
     assert parse_seconds("90s", "--time-budget") == 90.0
