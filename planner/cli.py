@@ -7,11 +7,11 @@ cold run takes about a second and a cached one a fraction of that.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 
 from autosp.errors import EXIT_CODES, UsageError
+from autosp.planner.cli_args import ArgParser, check_output_path
 
 DESCRIPTION = """\
 Pick the best way to train a model at a context length on a cluster: Ulysses sequence-parallel degree,
@@ -61,11 +61,8 @@ batch sizes:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but errors become one-line UsageErrors and the help shows the hardware grammar."""
-
-    def error(self, message):
-        raise UsageError(message)
+class _Parser(ArgParser):
+    """The command's parser: its help also shows the hardware grammar and the exit codes."""
 
     def format_help(self):
         text = super().format_help()
@@ -147,17 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_output_path(path: str, flag: str) -> None:
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        raise UsageError(f"{flag} {path}: cannot write in {probe}")
-
-
 def _model_rows(models) -> list[str]:
     rows = [f"{'name':<18}{'params':>8}  {'layers':>6} {'hidden':>7} {'heads/kv':>9} {'ffn':>7} {'vocab':>7}  source"]
     for m in models:
@@ -186,9 +172,9 @@ SUBCOMMANDS = ("check", "select")
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        from autosp.planner import check
+        from autosp.planner import check_cli
 
-        return check.main(argv[0], argv[1:])
+        return check_cli.main(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_models or args.list_hardware:
         if args.list_models:
@@ -207,7 +193,7 @@ def main(argv=None) -> int:
         raise UsageError(f"missing {', '.join(missing)} (try: autosp-plan --model llama --ctx 200k --hw h100x8)")
     for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
         if path:
-            _check_output_path(path, flag)
+            check_output_path(path, flag)
 
     from autosp.planner.api import make_plan
 

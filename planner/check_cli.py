@@ -1,0 +1,94 @@
+"""The command lines ``autosp-plan check FILE`` and ``autosp-plan select --candidates FILES``: arguments in,
+one report (or ``--json``) and one exit code out; the logic is :mod:`autosp.planner.check`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autosp.planner.check import CHECK_EXIT_CODES, SELECT_EXIT_CODES, run_check, run_select
+from autosp.planner.check_report import render_check, render_select
+from autosp.planner.cli_args import ArgParser, check_output_path
+
+
+def _target_flags(p) -> None:
+    g = p.add_argument_group("target (default: what the plan was made for)")
+    g.add_argument("--model", metavar="M", help="preset, config.json or package.module:function to check against")
+    g.add_argument("--hw", metavar="H", help="cluster to check against (catalog name or file)")
+    g.add_argument("--nodes", metavar="K", help="number of nodes (overrides the hardware's)")
+    g.add_argument("--ctx", metavar="C", help="context length to check at")
+    g.add_argument("--global-batch", metavar="N", help="sequences per optimizer step ('none': one micro-batch per "
+                                                       "replica)")
+    g.add_argument("--dtype", choices=("bf16", "fp32"))
+    g.add_argument("--allow-cross-node-sp", action="store_true")
+    s = p.add_argument_group("the search for the best plan now")
+    s.add_argument("--search", choices=("optuna", "exhaustive"), help="default: the plan's own, else optuna")
+    s.add_argument("--trials", metavar="N", help="Optuna trials (default: the plan's)")
+    s.add_argument("--seed", metavar="S", type=int, help="default: the plan's")
+    c = s.add_mutually_exclusive_group()
+    c.add_argument("--cache", metavar="PATH|URL", help="plan cache (default: as autosp-plan)")
+    c.add_argument("--no-cache", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object (for CI) instead of the report")
+
+
+def _codes(codes: dict) -> str:
+    return "exit codes:\n" + "\n".join(f"  {c}  {m}" for c, m in sorted(codes.items()))
+
+
+def build_check_parser():
+    p = ArgParser(prog="autosp-plan check", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Verify a committed plan (or the DeepSpeed config autosp-plan --ds-config wrote) "
+                            "against the current model, hardware and autosp: still valid, still fits, within "
+                            "--tolerance of the best plan found now, made by this search space and cost model?",
+                epilog=_codes(CHECK_EXIT_CODES) + "\n\nexamples:\n  autosp-plan check plans/llama-200k.json\n"
+                       "  autosp-plan check ds_config.json --tolerance 2% --json\n"
+                       "  autosp-plan check plans/llama-200k.json --hw h200x8 --best-out new-plan.json\n")
+    p.add_argument("file", metavar="PLAN_OR_DS_CONFIG")
+    p.add_argument("--tolerance", default="5%", help="how far (tokens/s; context for max-ctx plans) behind the best "
+                                                     "plan found now still passes (default 5%%)")
+    p.add_argument("--ignore-versions", action="store_true",
+                   help="a plan made by another search space / cost model / autosp version passes if it is still "
+                        "feasible and within tolerance (the change is reported as a note)")
+    p.add_argument("--best-out", metavar="PATH", help="write the best plan found now to PATH")
+    _target_flags(p)
+    return p
+
+
+def build_select_parser():
+    p = ArgParser(prog="autosp-plan select", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Re-price candidate plans (plan JSONs or DeepSpeed configs from autosp-plan) on the "
+                            "current model and hardware and pick the fastest one that is valid and fits.",
+                epilog=_codes(SELECT_EXIT_CODES) + "\n\nexamples:\n"
+                       "  autosp-plan select --candidates plans/*.json --plan-out plan.json --ds-config ds.json\n"
+                       "  autosp-plan select --candidates plans/ --hw h100x16 --tolerance 5% --json\n")
+    p.add_argument("--candidates", nargs="+", required=True, metavar="FILE",
+                   help="plan/config files, directories (their *.json) or quoted glob patterns")
+    p.add_argument("--tolerance", help="also search the best plan now and exit 4 if the selected one is more than "
+                                       "this behind it (e.g. 5%%)")
+    p.add_argument("--plan-out", metavar="PATH", help="write the selected plan, re-priced, to PATH")
+    p.add_argument("--ds-config", metavar="PATH", help="write its DeepSpeed config to PATH")
+    _target_flags(p)
+    return p
+
+
+def main(sub: str, argv: list[str]) -> int:
+    if sub == "check":
+        args = build_check_parser().parse_args(argv)
+        if args.best_out:
+            check_output_path(args.best_out, "--best-out")
+        result, render = run_check(args), render_check
+    else:
+        args = build_select_parser().parse_args(argv)
+        for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
+            if path:
+                check_output_path(path, flag)
+        result, render = run_select(args), render_select
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(result))
+    return result["exit_code"]
+
+
+__all__ = ["build_check_parser", "build_select_parser", "main"]
