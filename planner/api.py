@@ -1,21 +1,22 @@
 """``make_plan``: the planner's one entry point (``autosp.plan`` and ``autosp-plan`` both call it).
 
 Resolve the model and cluster, build the search space, look the request up in the plan cache, search
-(Optuna by default, or exhaustively), explain the runner-ups, and return a :class:`Plan`. Never imports
-torch; optuna only when the Optuna search actually runs.
+(Optuna by default, or exhaustively), explain the runner-ups (:mod:`autosp.planner.explain`) or why
+nothing fits (:mod:`autosp.planner.diagnose`), and return a :class:`Plan`. Never imports torch; optuna
+only when the Optuna search actually runs.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from dataclasses import asdict, replace
 
-from autosp.cost_models.specs import DTYPES, Candidate, Estimate, HardwareSpec, ModelSpec, Workload
+from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload
 from autosp.errors import InfeasibleError, UsageError
+from autosp.planner.diagnose import infeasible_message, more_gpus_hint
+from autosp.planner.explain import explain_runner_ups
 from autosp.planner.plan import OBJECTIVES, Plan, RunnerUp
-from autosp.units import format_gib, format_seconds, format_tokens, parse_count, parse_ctx
+from autosp.units import format_tokens, parse_count, parse_ctx
 
 SEARCHES = ("optuna", "exhaustive")
 
@@ -220,14 +221,14 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
 
     best = result.best
     if best is None:
-        raise InfeasibleError(_infeasible_message(space, evaluator, objective, allow_cross_node_sp))
+        raise InfeasibleError(infeasible_message(space, evaluator, objective, allow_cross_node_sp))
     cand, est = best
     if objective == "max-ctx":
         if seq_len is not None and result.seq_len < seq_len:
             raise InfeasibleError(
                 f"the longest context any plan fits on {hw_spec.name} is {format_tokens(result.seq_len)} tokens "
                 f"({result.seq_len:,}), short of the requested {format_tokens(seq_len)}; "
-                f"{_more_gpus_hint(space, seq_len, allow_cross_node_sp)}")
+                f"{more_gpus_hint(space, seq_len, allow_cross_node_sp)}")
         workload = replace(workload, seq_len=result.seq_len)
 
     runner_ups = explain_runner_ups(result, evaluator, objective, top_k)
@@ -334,190 +335,3 @@ def _padding(seq_len: int, sp: int) -> tuple[int, float]:
     from autosp.planner.space import padding
 
     return padding(seq_len, sp)
-
-
-# -- runner-ups -----------------------------------------------------------------------------------
-
-def _group(cand: Candidate) -> tuple:
-    return (cand.sp, cand.zero_stage, cand.checkpointing)
-
-
-def _differences(cand: Candidate, best: Candidate) -> str:
-    names = {"sp": "sp", "zero_stage": "ZeRO", "micro_batch": "micro-batch", "grad_accum": "grad-accum",
-             "checkpointing": "ckpt", "mlp_chunks": "mlp chunks", "loss_chunks": "loss chunks",
-             "offload_activations": "offload", "overlap": "overlap", "offload_optimizer": "optimizer offload"}
-    out = []
-    for field, label in names.items():
-        a, b = getattr(cand, field), getattr(best, field)
-        if a != b:
-            if isinstance(a, bool):
-                a, b = ("on" if a else "off"), ("on" if b else "off")
-            out.append(f"{label} {a} vs {b}")
-    return ", ".join(out)
-
-
-def _slower_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Estimate) -> str:
-    """Which component of the step makes ``cand`` slower than ``best``, per token trained."""
-    def per_token(e: Estimate) -> dict:
-        tokens = e.tokens_per_second * e.time.step
-        if tokens <= 0:
-            return {}
-        t = e.time
-        return {"compute": (t.compute - t.recompute) / tokens, "recompute": t.recompute / tokens,
-                "exposed communication": t.exposed_comm / tokens, "activation offload": t.offload / tokens}
-
-    a, b = per_token(est), per_token(best_est)
-    if not a or not b:
-        return "slower"
-    deltas = {k: a[k] - b[k] for k in a}
-    worst = max(deltas, key=deltas.get)
-    if deltas[worst] <= 0:
-        return "slower overall"
-    best_tokens = best_est.tokens_per_second * best_est.time.step
-    return f"more {worst} (+{format_seconds(deltas[worst] * best_tokens)} per step)"
-
-
-def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Estimate, seq_len: int,
-                 max_ctx: int | None = None) -> str:
-    diff = _differences(cand, best)
-    if not est.fits:
-        text = (f"does not fit: needs {format_gib(est.memory.total)} > {format_gib(est.capacity_bytes)} "
-                f"per GPU at {format_tokens(seq_len)} tokens")
-        if est.tokens_per_second > best_est.tokens_per_second:
-            pct = 100 * (est.tokens_per_second / best_est.tokens_per_second - 1)
-            text = f"would be {pct:.1f}% faster but " + text
-        if max_ctx:
-            text += f" (its longest context: {format_tokens(max_ctx)})"
-        return f"{text} [{diff}]"
-    ratio = est.tokens_per_second / best_est.tokens_per_second
-    if ratio >= 0.9995:
-        return f"same predicted speed; the winner is simpler or leaner [{diff}]"
-    return f"{100 * (1 - ratio):.1f}% slower: {_slower_because(cand, est, best, best_est)} [{diff}]"
-
-
-def explain_runner_ups(result, evaluator, objective: str, top_k: int) -> list[RunnerUp]:
-    """Up to ``top_k`` alternatives that teach something: the fastest candidate that does not fit (if it
-    beats the winner), then the best of each other (sp, ZeRO stage, checkpointing) family."""
-    if top_k <= 0 or not result.ranked:
-        return []
-    best, best_est = result.ranked[0]
-    chosen: list[tuple[Candidate, Estimate]] = []
-    if objective == "throughput":
-        too_big = [(c, e) for c, e in result.ranked if not e.fits]
-        if too_big:
-            fastest = max(too_big, key=lambda item: item[1].tokens_per_second)
-            if fastest[1].tokens_per_second > best_est.tokens_per_second:
-                chosen.append(fastest)
-    groups = {_group(best)} | {_group(c) for c, _ in chosen}
-    for cand, est in result.ranked[1:]:
-        if len(chosen) >= top_k:
-            break
-        if _group(cand) in groups:
-            continue
-        groups.add(_group(cand))
-        chosen.append((cand, est))
-    out = []
-    for cand, est in chosen[:top_k]:
-        max_ctx = None
-        if objective == "max-ctx" and not est.fits:
-            knobs = {k: getattr(cand, k) for k in evaluator.space.KNOBS}
-            max_ctx = evaluator.max_context(evaluator.space.make(**dict(knobs, micro_batch=1)))
-        out.append(RunnerUp(cand, est, lost_because(cand, est, best, best_est, result.seq_len, max_ctx)))
-    return out
-
-
-# -- infeasible requests --------------------------------------------------------------------------
-
-def _leanest(space, seq_len: int):
-    """(candidate, estimate) with the least memory among the memory-lean corner of the space."""
-    from autosp.planner.evaluator import Evaluator
-
-    workload = replace(space.workload, seq_len=seq_len)
-    target = space.with_workload(workload)
-    evaluator = Evaluator(target)
-    best = None
-    for sp in target.sp:
-        per = target.per_sp_choices(sp)
-        if per is None or not per["micro_batch"]:
-            continue
-        # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
-        # ZeRO-3 untiled or the highest other stage with the loss tiled finest.
-        zero_loss = {(max(per["zero_stage"]), max(per["loss_chunks"] or (1,))), (max(per["zero_stage"]), 1),
-                     (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
-                      max(per["loss_chunks"] or (1,)))}
-        for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
-                                                                     (True, False), sorted(zero_loss)):
-            cand = target.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]),
-                               checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
-                               loss_chunks=loss, offload_activations=offload,
-                               overlap="none", offload_optimizer=optim)
-            if target.reason(cand):
-                continue
-            est = evaluator(cand)
-            if best is None or est.memory.total < best[1].memory.total:
-                best = (cand, est)
-    return best
-
-
-def _needs(cand: Candidate, est: Estimate) -> str:
-    """'(plan) needs X GiB per GPU, Y usable' or, when host memory is what runs out, the cost model's note."""
-    if math.isfinite(est.memory.total):
-        return (f"the leanest plan ({cand.short()}) needs {format_gib(est.memory.total)} per GPU, "
-                f"{format_gib(est.capacity_bytes)} usable")
-    why = next((n for n in est.notes if "host memory" in n), "its offloads exceed host memory")
-    return f"the leanest plan ({cand.short()}) cannot fit: {why}"
-
-
-MAX_SCALE_NODES = 4096
-
-
-def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
-    """Scale the cluster by powers of two (same nodes, more of them) until the leanest plan fits.
-
-    Returns (nodes, cross_node_sp, None) for the smallest size that fits, or (None, None, leanest at
-    the largest size tried) when none does."""
-    from autosp.planner.space import build_space
-
-    hw = space.hardware
-    last = None
-    for cross in ((False, True) if not allow_cross_node_sp else (True,)):
-        factor = 2
-        while hw.nodes * factor <= MAX_SCALE_NODES:
-            bigger = replace(hw, nodes=hw.nodes * factor)
-            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
-                              profile=space.profile)
-            lean = _leanest(sub, seq_len)
-            if lean is not None and lean[1].fits:
-                return bigger.nodes, cross, None
-            if lean is not None:
-                last = (bigger, lean)
-            factor *= 2
-    return None, None, last
-
-
-def _more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
-    nodes, cross, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
-    hw = space.hardware
-    if nodes is None:
-        if last is None:
-            return "more GPUs of this kind would not help"
-        bigger, (cand, est) = last
-        return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
-    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
-    return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
-
-
-def _infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:
-    seq_len = space.workload.seq_len
-    if objective == "max-ctx":
-        from autosp.planner.evaluator import CTX_GRANULE
-
-        seq_len = CTX_GRANULE
-    lean = _leanest(space, seq_len)
-    hw = space.hardware
-    where = f"{hw.nodes}x{hw.devices_per_node} {hw.accelerator.name}" if hw.nodes > 1 else \
-        f"{hw.devices_per_node}x {hw.accelerator.name}"
-    if lean is None:
-        return f"no valid candidate for {space.model.name} on {where}"
-    what = f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: {_needs(*lean)}"
-    return f"no plan fits {what}; {_more_gpus_hint(space, seq_len, allow_cross_node_sp)}"

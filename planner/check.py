@@ -210,7 +210,7 @@ def _expand(patterns: list[str]) -> list[str]:
 
 
 def run_select(args) -> dict:
-    from autosp.planner.api import lost_because
+    from autosp.planner.explain import lost_because
     from autosp.planner.evaluator import rank_key
 
     files = _expand(args.candidates)

@@ -359,7 +359,7 @@ def choose(rows: list[dict], pairs: list) -> tuple:
     """(the (candidate, estimate) with the most measured tokens/s, how it was chosen, the others with why
     they lost). ``rows[i]`` is the measurement of ``pairs[i]`` (predicted order); a failed run never
     wins; ties go to the better prediction; if every run failed, the best prediction stands."""
-    from autosp.planner.api import _differences
+    from autosp.planner.explain import differences
 
     ok = [(row, pair) for row, pair in zip(rows, pairs) if row["status"] == "ok"]
     if ok:
@@ -373,7 +373,7 @@ def choose(rows: list[dict], pairs: list) -> tuple:
     for row, (cand, est) in zip(rows, pairs):
         if cand == best[0]:
             continue
-        diff = _differences(cand, best[0])
+        diff = differences(cand, best[0])
         if row["status"] != "ok" or best_row["status"] != "ok":
             others.append((cand, est, f"measured run {row['status']} [{diff}]"))
             continue

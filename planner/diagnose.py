@@ -1,0 +1,109 @@
+"""Infeasible requests: what the leanest plan would need, and how many GPUs of the same kind would make
+the request fit (the one line ``autosp-plan`` prints with exit code 3)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+from autosp.cost_models.specs import Candidate, Estimate
+from autosp.units import format_gib, format_tokens
+
+
+def _leanest(space, seq_len: int):
+    """(candidate, estimate) with the least memory among the memory-lean corner of the space."""
+    from autosp.planner.evaluator import Evaluator
+
+    workload = replace(space.workload, seq_len=seq_len)
+    target = space.with_workload(workload)
+    evaluator = Evaluator(target)
+    best = None
+    for sp in target.sp:
+        per = target.per_sp_choices(sp)
+        if per is None or not per["micro_batch"]:
+            continue
+        # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
+        # ZeRO-3 untiled or the highest other stage with the loss tiled finest.
+        zero_loss = {(max(per["zero_stage"]), max(per["loss_chunks"] or (1,))), (max(per["zero_stage"]), 1),
+                     (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
+                      max(per["loss_chunks"] or (1,)))}
+        for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
+                                                                     (True, False), sorted(zero_loss)):
+            cand = target.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]),
+                               checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
+                               loss_chunks=loss, offload_activations=offload,
+                               overlap="none", offload_optimizer=optim)
+            if target.reason(cand):
+                continue
+            est = evaluator(cand)
+            if best is None or est.memory.total < best[1].memory.total:
+                best = (cand, est)
+    return best
+
+
+def _needs(cand: Candidate, est: Estimate) -> str:
+    """'(plan) needs X GiB per GPU, Y usable' or, when host memory is what runs out, the cost model's note."""
+    if math.isfinite(est.memory.total):
+        return (f"the leanest plan ({cand.short()}) needs {format_gib(est.memory.total)} per GPU, "
+                f"{format_gib(est.capacity_bytes)} usable")
+    why = next((n for n in est.notes if "host memory" in n), "its offloads exceed host memory")
+    return f"the leanest plan ({cand.short()}) cannot fit: {why}"
+
+
+MAX_SCALE_NODES = 4096
+
+
+def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
+    """Scale the cluster by powers of two (same nodes, more of them) until the leanest plan fits.
+
+    Returns (nodes, cross_node_sp, None) for the smallest size that fits, or (None, None, leanest at
+    the largest size tried) when none does."""
+    from autosp.planner.space import build_space
+
+    hw = space.hardware
+    last = None
+    for cross in ((False, True) if not allow_cross_node_sp else (True,)):
+        factor = 2
+        while hw.nodes * factor <= MAX_SCALE_NODES:
+            bigger = replace(hw, nodes=hw.nodes * factor)
+            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
+                              profile=space.profile)
+            lean = _leanest(sub, seq_len)
+            if lean is not None and lean[1].fits:
+                return bigger.nodes, cross, None
+            if lean is not None:
+                last = (bigger, lean)
+            factor *= 2
+    return None, None, last
+
+
+def more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
+    nodes, cross, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
+    hw = space.hardware
+    if nodes is None:
+        if last is None:
+            return "more GPUs of this kind would not help"
+        bigger, (cand, est) = last
+        return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
+    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
+    return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
+
+
+def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:
+    seq_len = space.workload.seq_len
+    if objective == "max-ctx":
+        from autosp.planner.evaluator import CTX_GRANULE
+
+        seq_len = CTX_GRANULE
+    lean = _leanest(space, seq_len)
+    hw = space.hardware
+    where = f"{hw.nodes}x{hw.devices_per_node} {hw.accelerator.name}" if hw.nodes > 1 else \
+        f"{hw.devices_per_node}x {hw.accelerator.name}"
+    if lean is None:
+        return f"no valid candidate for {space.model.name} on {where}"
+    what = f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: {_needs(*lean)}"
+    return f"no plan fits {what}; {more_gpus_hint(space, seq_len, allow_cross_node_sp)}"
+
+
+__all__ = ["infeasible_message", "more_gpus_hint"]
