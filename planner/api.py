@@ -182,10 +182,11 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     store, key = None, None
     if cache is not None and cache is not False and shared is None and measure is None:
         from autosp.planner import cache as plan_cache
+        from autosp.planner.cache.hits import cached_plan
 
         store = plan_cache.open_store(None if cache is True else cache)
         key = plan_cache.request_key(request)
-        hit = _cached_plan(store, key, started, request)
+        hit = cached_plan(store, key, started, request)
         if hit is not None:
             store.close()
             return hit
@@ -281,54 +282,6 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         store.put(key, plan.to_json(), request)
         store.close()
     return plan
-
-
-def _mismatch(plan: Plan, request: dict) -> str | None:
-    """Why a cached plan does not answer ``request`` (a hand-edited or damaged row), or None."""
-    if plan.model.fingerprint() != request.get("model"):
-        return "its model differs from the request's"
-    if plan.hardware.fingerprint() != request.get("hardware"):
-        return "its hardware differs from the request's"
-    if plan.objective != request.get("objective"):
-        return "its objective differs from the request's"
-    wanted = request.get("workload") or {}
-    w = plan.workload
-    if (w.dtype, w.global_batch, w.optimizer) != (wanted.get("dtype"), wanted.get("global_batch"),
-                                                  wanted.get("optimizer")):
-        return "its workload differs from the request's"
-    if wanted.get("seq_len") is not None and (w.seq_len < wanted["seq_len"] if plan.objective == "max-ctx"
-                                              else w.seq_len != wanted["seq_len"]):
-        return "its context length differs from the request's"
-    if plan.search.get("space_version") != request.get("space_version"):
-        return "it comes from another search-space version"
-    return None
-
-
-def _cached_plan(store, key: str, started: float, request: dict | None = None) -> Plan | None:
-    """The cached plan for ``key``, checked to be a valid plan answering ``request``; anything else is a
-    miss, deleted, with one warning."""
-    import json
-
-    from autosp.planner.cache import warn_once
-    from autosp.planner.plan import plan_from_dict
-
-    text = store.get(key)
-    if text is None:
-        return None
-    try:
-        plan = plan_from_dict(json.loads(text))
-        why = _mismatch(plan, request) if request is not None else None
-    except (ValueError, UsageError) as err:
-        why = f"its plan does not parse ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-    except Exception as err:  # noqa: BLE001 - a damaged row must never crash planning
-        why = f"its plan does not parse ({type(err).__name__})"
-    if why is not None:
-        warn_once(f"plan cache {store.location}: ignored and deleted a cached plan because {why}; searching again")
-        store.delete(key)  # a miss, and gone
-        return None
-    search = dict(plan.search, cache="hit", cache_location=store.location,
-                  wall_time_s=round(time.perf_counter() - started, 4))
-    return replace(plan, search=search)
 
 
 def _padding(seq_len: int, sp: int) -> tuple[int, float]:

@@ -40,7 +40,9 @@ def test_hit_and_miss_on_a_changed_key(tmp_path):
 def test_key_mixes_in_version_and_source(monkeypatch):
     key = request_key(REQUEST)
     assert key == request_key(dict(reversed(list(REQUEST.items()))))  # order-independent
-    monkeypatch.setattr(cache_mod, "_source_hash", lambda: "different-code")
+    from autosp.planner.cache import schema
+
+    monkeypatch.setattr(schema, "_source_hash", lambda: "different-code")
     assert request_key(REQUEST) != key
 
 
