@@ -3,6 +3,7 @@ random set of requests.
 
     .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
     .venv/bin/python -m studies.search_quality --n 40 --seed 1
+    .venv/bin/python -m studies.search_quality --report-only   # the summary of the saved results again
 
 For each request (a preset model, a catalog accelerator on 1 to 64 devices, a context between 2k and 2M
 tokens drawn log-uniformly, with or without a global batch and cross-node SP, bf16 or fp32) the script
@@ -99,7 +100,9 @@ def report(rows: list[dict], seed: int) -> str:
             1000 * max(0.0, r["default_search_s"] - r["evaluations"] * per_eval / 1000) / max(1, r["trials"])
             for r in optuna)
         lines.append(f"  cost: one cost-model evaluation {per_eval:.3f} ms (median, exhaustive search); one Optuna "
-                     f"trial {per_trial:.1f} ms beyond its evaluations = {per_trial / per_eval:.0f} evaluations")
+                     f"trial {per_trial:.1f} ms beyond its evaluations = {per_trial / per_eval:.0f} evaluations; "
+                     f"an Optuna search makes {statistics.median(r['evaluations'] for r in optuna):,.0f} cost-model "
+                     f"calls (median; its trials at most one each)")
     worst = sorted(done, key=lambda r: r["ratio"])[:8]
     lines.append("  worst requests:")
     for r in worst:
@@ -116,7 +119,13 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=150, help="random requests (default 150)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the request generator (default 0)")
     parser.add_argument("--out", default=str(RESULTS / "search_quality"), help="results path without suffix")
+    parser.add_argument("--report-only", action="store_true", help="print the summary of OUT.json again, plan nothing")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.report_only:
+        saved = json.loads(out.with_suffix(".json").read_text())
+        print(report([r for r in saved["rows"] if "usage_error" not in r], saved["seed"]), end="")
+        return 0
     rng = random.Random(args.seed)
     rows = []
     for i in range(args.n):
@@ -132,7 +141,6 @@ def main(argv=None) -> int:
     rows = [r for r in rows if "usage_error" not in r]
     text = report(rows, args.seed)
     print(text)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"seed": args.seed, "n": args.n, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".txt").write_text(text)
