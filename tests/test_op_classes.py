@@ -11,7 +11,7 @@ import torch
 from autosp.compiler.passes import checkpointing
 from autosp.compiler.passes.check import _product_of_two
 from autosp.cost_models import op_classes
-from autosp.cost_models.graph_profile import analyze, trace
+from autosp.cost_models.graph_profile import layer, trace
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 
 aten = torch.ops.aten
@@ -20,7 +20,7 @@ aten = torch.ops.aten
 def test_one_keep_table_for_every_policy():
     assert tuple(op_classes.KEEP_CLASSES) == CHECKPOINTING_POLICIES
     assert checkpointing.KEEP_CLASSES is op_classes.KEEP_CLASSES
-    assert analyze.KEEP_CLASSES is op_classes.KEEP_CLASSES
+    assert layer.KEEP_CLASSES is op_classes.KEEP_CLASSES
 
 
 def test_cost_model_and_compiler_classify_real_aten_ops_alike():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from autosp.cost_models.graph_profile import analyze
+from autosp.cost_models.graph_profile import analyze, assemble
 from autosp.cost_models.graph_profile import trace as T
 
 DEFAULT_SEQ_LENS = (333, 667, 1001)
@@ -134,7 +134,7 @@ def build_profile_for(model_arg: str, *, fingerprint: str = "", seq_lens=None, q
     for key, (attributed, differenced) in checks.items():
         if attributed != differenced:
             notes.append(f"{key[6:]}: module attribution gives {attributed:,}, adding a layer adds {differenced:,}")
-    profile = analyze.build_profile(name, lens, measurements, _params(traces2[mid]), n_layers,
+    profile = assemble.build_profile(name, lens, measurements, _params(traces2[mid]), n_layers,
                                     fingerprint=fingerprint, versions=_versions(), notes=tuple(notes), checks=checks)
     if profile.fit_residual > 1e-9:
         worst = ", ".join(f"{k} {r:.2g}" for k, r in profile.fit[:3])
