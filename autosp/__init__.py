@@ -2,7 +2,8 @@
 
 The public API. Importing ``autosp`` is cheap (no torch); :func:`compile` imports torch on first use.
 
-- :func:`plan` searches the best plan for a model, context length and cluster (numpy + optuna only).
+- :func:`plan` searches the best plan for a :class:`PlanRequest` (a model, context length and cluster;
+  numpy + optuna only).
 - :func:`load_plan` reads a plan JSON written by ``autosp-plan --plan-out``.
 - :func:`compile` turns an unmodified causal LM into a sequence-parallel DeepSpeed training engine.
 """
@@ -10,14 +11,30 @@ The public API. Importing ``autosp`` is cheap (no torch); :func:`compile` import
 from autosp.errors import AutospError, InfeasibleError, UsageError
 from autosp.version import __version__
 
-__all__ = ["__version__", "AutospError", "InfeasibleError", "UsageError", "compile", "load_plan", "plan"]
+__all__ = ["__version__", "AutospError", "InfeasibleError", "PlanRequest", "UsageError", "compile", "load_plan",
+           "plan"]
 
 
-def plan(model, ctx, hw, **options):
-    """Search the best plan; see ``autosp-plan --help`` for the options. Returns a Plan."""
-    from autosp.planner.api import make_plan
+def plan(model, ctx=None, hw=None, **options):
+    """Search the best plan. ``plan(PlanRequest(...), cache=...)``, or the keyword form ``plan(model, ctx, hw,
+    objective=..., ...)`` whose arguments are the request's fields (see ``autosp-plan --help``). Returns a
+    Plan."""
+    from autosp.planner.api import make_plan, plan_for
+    from autosp.planner.request import PlanRequest
 
+    if isinstance(model, PlanRequest):
+        if ctx is not None or hw is not None:
+            raise UsageError("give a PlanRequest or model, ctx and hw, not both")
+        return plan_for(model, **options)
     return make_plan(model, ctx, hw, **options)
+
+
+def __getattr__(name):  # PlanRequest without importing the planner at ``import autosp``
+    if name == "PlanRequest":
+        from autosp.planner.request import PlanRequest
+
+        return PlanRequest
+    raise AttributeError(f"module 'autosp' has no attribute {name!r}")
 
 
 def load_plan(path):

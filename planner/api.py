@@ -9,16 +9,14 @@ only when the Optuna search actually runs.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
-from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.diagnose import infeasible_message, more_gpus_hint
 from autosp.planner.explain import explain_runner_ups
-from autosp.planner.plan import OBJECTIVES, Plan, RunnerUp
-from autosp.units import format_tokens, parse_count, parse_ctx
-
-SEARCHES = ("optuna", "exhaustive")
+from autosp.planner.plan import Plan, RunnerUp
+from autosp.planner.request import PlanRequest, resolve
+from autosp.units import format_tokens
 
 EVALUATIONS_PER_TRIAL = 70
 """What one Optuna trial costs, in cost-model evaluations: TPE's sampling time per trial over the time of
@@ -31,93 +29,53 @@ OPTUNA_FIXED_EVALUATIONS = 1_500
 refinement (a median of 1,545 calls in all in studies/results/search_quality.txt)."""
 
 
-def exhaustive_is_cheaper(space_size: int, trials: int) -> bool:
-    """Whether scoring every candidate costs no more than the Optuna search with ``trials`` trials: then
-    the default search scores the whole space (the exact optimum, for less time)."""
-    return space_size <= trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS
+SECONDS_PER_EVALUATION = 1e-4
+"""One cost-model evaluation inside the exhaustive search, rounded up (0.044 to 0.103 ms in the runs of
+studies/search_quality.py): how many evaluations a time budget buys."""
 
 
-def _resolve_model(model) -> ModelSpec:
-    if isinstance(model, ModelSpec):
-        return model
-    if not isinstance(model, str) or not model.strip():
-        raise UsageError(f"--model must be a preset name or a path to a config.json, got {model!r}")
-    from autosp.cost_models.catalog.models import resolve_model
-
-    return resolve_model(model)
+def optuna_cost(trials: int, time_budget: float | None = None) -> float:
+    """What the Optuna search with ``trials`` trials (and at most ``time_budget`` seconds) costs, in
+    cost-model evaluations."""
+    cost = trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS
+    return cost if time_budget is None else min(cost, time_budget / SECONDS_PER_EVALUATION)
 
 
-def _resolve_model_and_profile(model):
-    """(ModelSpec, graph ModelProfile or None): presets keep the analytic profile; a config.json or a
-    package.module:function is priced by its cached graph profile (autosp.planner.profiles)."""
-    from autosp.planner.profiles import resolve_model_and_profile
-
-    return resolve_model_and_profile(model)
-
-
-def _resolve_hardware(hw, nodes) -> HardwareSpec:
-    if nodes is not None:
-        nodes = parse_count(nodes, "--nodes")
-    if isinstance(hw, HardwareSpec):
-        return hw if nodes is None else replace(hw, nodes=nodes)
-    if not isinstance(hw, str) or not hw.strip():
-        raise UsageError(f"--hw must be a catalog name such as h100x8 or a path to a cluster file, got {hw!r}")
-    from autosp.cost_models.catalog.hardware import resolve_hardware
-
-    return resolve_hardware(hw, nodes=nodes)
-
-
-def _check_options(objective, search, dtype, trials, top_k, seed):
-    if objective not in OBJECTIVES:
-        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if search not in SEARCHES:
-        raise UsageError(f"--search must be one of {', '.join(SEARCHES)}, got {search!r}")
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if trials is not None:
-        trials = parse_count(trials, "--trials")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise UsageError(f"top_k must be a non-negative integer, got {top_k!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise UsageError(f"--seed must be an integer, got {seed!r}")
-    return trials
-
-
-def request_description(model: ModelSpec, hw: HardwareSpec, workload: Workload, objective: str, search: str,
-                        trials: int, seed: int, allow_cross_node_sp: bool, top_k: int, space_version: str) -> dict:
-    """Everything the answer depends on (the plan cache's key material)."""
-    return {"model": model.fingerprint(), "hardware": hw.fingerprint(), "workload": asdict(workload),
-            "objective": objective, "search": search, "trials": trials if search == "optuna" else None,
-            "seed": seed if search == "optuna" else None, "allow_cross_node_sp": allow_cross_node_sp,
-            "top_k": top_k, "space_version": space_version}
+def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | None = None) -> bool:
+    """Whether scoring every candidate costs no more than the Optuna search would: then the default search
+    scores the whole space (the exact optimum, for less time)."""
+    return space_size <= optuna_cost(trials, time_budget)
 
 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
               measure=None, time_budget=None) -> Plan:
-    """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
+    """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
+    :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
+    docs say what each takes, and the run options of :func:`plan_for`)."""
+    request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
+                          dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
+                          seed=seed, time_budget=time_budget, top_k=top_k)
+    return plan_for(request, cache=cache, storage=storage, study_name=study_name, worker=worker, measure=measure)
 
-    ``model``: a preset name, a path to a Hugging Face ``config.json``, a ``package.module:function``
-    model factory, or a ModelSpec. Presets and ModelSpecs are priced by the analytic formulas; a
-    config.json or a factory by its graph-derived profile (traced once, then cached per model fingerprint).
-    ``ctx``: tokens per sequence (an int or a string such as ``"200k"``); with ``objective="max-ctx"``
-    it may be None, otherwise it is the least context the plan must reach.
-    ``hw``: a catalog name (``"h100x8"``), a cluster file, or a HardwareSpec; ``nodes`` overrides its
-    node count. ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a
-    database URL (:mod:`autosp.planner.cache`).
-    ``storage``: an Optuna storage URL shared by several planner workers (``study_name``: the study in it,
-    default derived from the request; ``worker``: this worker's id on its trials); ``trials=0`` then
-    runs no sampler trials and answers from the study as it is (:mod:`autosp.planner.study`).
-    ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its ``k``): run the top-k
-    measurable candidates with autosp-train and choose by the measurement (:mod:`autosp.planner.measure`).
-    A shared study or a measurement bypasses the plan cache.
-    ``time_budget``: seconds (or ``"2m"``) the Optuna trials may take; without ``trials`` the budget alone
-    decides how many run (at most ``search.MAX_TRIALS``). ``trials`` above that bound is a usage error.
+
+def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, study_name: str | None = None,
+             worker: str | None = None, measure=None) -> Plan:
+    """The best plan for ``request``.
+
+    ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a database URL
+    (:mod:`autosp.planner.cache`). ``storage``: an Optuna storage URL shared by several planner workers
+    (``study_name``: the study in it, default derived from the request; ``worker``: this worker's id on
+    its trials); ``trials=0`` then runs no sampler trials and answers from the study as it is
+    (:mod:`autosp.planner.study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its
+    ``k``): run the top-k candidates with autosp-train and choose by the measurement
+    (:mod:`autosp.planner.measure`). A shared study or a measurement bypasses the plan cache.
     Raises UsageError for bad input and InfeasibleError when nothing fits.
     """
     started = time.perf_counter()
-    collect_only = storage is not None and trials is not None and str(trials).strip() == "0"
+    objective, search, seed = request.objective, request.search, request.seed
+    allow_cross_node_sp, top_k, time_budget = request.allow_cross_node_sp, request.top_k, request.time_budget
     if storage is None and (study_name is not None or worker is not None):
         raise UsageError("--study-name and --worker-id need --storage")
     if storage is not None and (search != "optuna" or objective != "throughput"):
@@ -128,55 +86,30 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         measure = MeasureOptions(k=measure) if measure else None
     if measure is not None and objective != "throughput":
         raise UsageError("--measure works with --objective throughput")
-    trials = _check_options(objective, search, dtype, None if collect_only else trials, top_k, seed)
-    if time_budget is not None:
-        from autosp.units import parse_seconds
-
-        time_budget = parse_seconds(time_budget, "--time-budget")
-        if search != "optuna":
-            raise UsageError("--time-budget bounds the Optuna search; --search exhaustive scores every candidate")
-    if ctx is None:
-        if objective != "max-ctx":
-            raise UsageError("--ctx is required (except with --objective max-ctx)")
-        seq_len = None
-    else:
-        seq_len = parse_ctx(ctx)
-    if global_batch is not None:
-        global_batch = parse_count(global_batch, "--global-batch")
-    model_spec, profile = _resolve_model_and_profile(model)
-    hw_spec = _resolve_hardware(hw, nodes)
+    trials = request.effective_trials(shared=storage is not None)
+    collect_only = trials == 0
+    resolved = resolve(request)
+    model_spec, profile, hw_spec, workload = resolved.model, resolved.profile, resolved.hardware, resolved.workload
+    seq_len, global_batch = request.ctx, request.global_batch
 
     from autosp.planner.evaluator import CTX_GRANULE, Evaluator
-    from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
     from autosp.planner.space import SPACE_VERSION, build_space
     from autosp.planner.versions import code_version, cost_model_version
 
-    if trials is not None and trials > MAX_TRIALS:
-        raise UsageError(f"--trials {trials:,} is more than one search runs (at most {MAX_TRIALS:,}: each TPE trial "
-                         f"costs more than the last); bound a longer search by time with --time-budget")
-    if trials is None:
-        trials = 0 if collect_only else (MAX_TRIALS if time_budget is not None else DEFAULT_TRIALS)
     if measure is not None:
         measure = measure.check(hw_spec)
-    workload = Workload(seq_len=seq_len or CTX_GRANULE, global_batch=global_batch, dtype=dtype)
     space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile)
     if global_batch is not None and space.size() == 0:
         dps = sorted({hw_spec.world_size // sp for sp in space.sp})
         raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
                          f"available here ({', '.join(map(str, dps))}); use a multiple of one of them")
 
-    request = request_description(model_spec, hw_spec, workload, objective, search, trials, seed,
-                                  allow_cross_node_sp, top_k, SPACE_VERSION)
-    if time_budget is not None:
-        request["time_budget"] = time_budget  # a budget-bound search may stop at another trial
-    request["workload"]["seq_len"] = seq_len  # None: max-ctx without a floor
-    if profile is not None:
-        request["model_profile"] = profile.fingerprint  # graph-derived costs: the plan depends on the trace
+    request_key = resolved.key_material(trials, SPACE_VERSION)
     shared = None
     if storage is not None:
         from autosp.planner.study import Shared, default_worker, study_key
 
-        skey = study_key(request)
+        skey = study_key(request_key)
         shared = Shared(storage=storage, study_name=study_name or f"autosp-{skey[:12]}", request_key=skey,
                         summary=f"{model_spec.name} at {format_tokens(workload.seq_len)} tokens on {hw_spec.name}",
                         worker=worker or default_worker(), collect_only=collect_only)
@@ -186,8 +119,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         from autosp.planner.cache.hits import cached_plan
 
         store = plan_cache.open_store(None if cache is True else cache)
-        key = plan_cache.request_key(request)
-        hit = cached_plan(store, key, started, request)
+        key = plan_cache.request_key(request_key)
+        hit = cached_plan(store, key, started, request_key)
         if hit is not None:
             store.close()
             return hit
@@ -196,7 +129,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     search_started = time.perf_counter()
     strategy = search
     if (search == "optuna" and objective == "throughput" and shared is None
-            and exhaustive_is_cheaper(space.size(), trials)):
+            and exhaustive_is_cheaper(space.size(), trials, time_budget)):
         strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
     if strategy == "optuna":
         from autosp.planner import search as optuna_search
@@ -207,9 +140,10 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
                                                      deadline=deadline)
         else:
             result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline)
-        sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + local refinement" if shared is None
-                   else f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + local "
-                        f"refinement, shared study {shared.study_name!r}")
+        sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + structure sweep + local refinement"
+                   if shared is None else
+                   f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + structure sweep + "
+                   f"local refinement, shared study {shared.study_name!r}")
     else:
         from autosp.planner import exhaustive
 
@@ -217,8 +151,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
                   else exhaustive.exhaustive_max_ctx(space, evaluator))
         sampler = "exhaustive"
         if search != strategy:
-            sampler += (f" (the {space.size():,} candidates cost less to score than {trials} Optuna trials: "
-                        f"about {trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS:,} evaluations)")
+            sampler += (f" (the {space.size():,} candidates cost less to score than the Optuna search: "
+                        f"about {optuna_cost(trials, time_budget):,.0f} evaluations)")
     search_seconds = time.perf_counter() - search_started
 
     best = result.best
@@ -238,11 +172,11 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     if measure is not None:
         from autosp.planner import measure as measuring
 
-        def plan_for(c, e):
+        def plan_of(c, e):
             return Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=c, estimate=e,
                         objective=objective, search={"strategy": "measure", "space_version": SPACE_VERSION})
 
-        outcome = measuring.measure(space, evaluator, result, measure, trials, seed, plan_for,
+        outcome = measuring.measure(space, evaluator, result, measure, trials, seed, plan_of,
                                     worker=shared.worker if shared is not None else "local")
         cand, est = outcome.chosen
         measured = outcome.table
@@ -280,7 +214,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     plan = Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=cand, estimate=est,
                 objective=objective, search=search_info, runner_ups=tuple(runner_ups))
     if store is not None:
-        store.put(key, plan.to_json(), request)
+        store.put(key, plan.to_json(), request_key)
         store.close()
     return plan
 

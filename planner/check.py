@@ -33,7 +33,8 @@ from dataclasses import asdict, replace
 
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.artifacts import load_artifact
-from autosp.planner.reprice import Target, best_now, price, resolve_target, target_changes, version_changes
+from autosp.planner.reprice import best_now, price, resolve_target, target_changes, version_changes
+from autosp.planner.request import ResolvedRequest
 
 PASS, INFEASIBLE, STALE = 0, 3, 4
 CHECK_EXIT_CODES = {
@@ -72,20 +73,21 @@ def parse_tolerance(text) -> float:
     return value / 100
 
 
-def replan_command(t: Target, out_path: str) -> str:
-    parts = ["autosp-plan", "--model", str(t.model_shown if isinstance(t.model_arg, str) else t.model.name)]
-    if t.objective == "max-ctx":
+def replan_command(t: ResolvedRequest, out_path: str) -> str:
+    r = t.request
+    parts = ["autosp-plan", "--model", r.model_label()]
+    if r.objective == "max-ctx":
         parts += ["--objective", "max-ctx"]
     else:
         parts += ["--ctx", str(t.workload.seq_len)]
-    parts += ["--hw", t.hw_shown]
-    if t.nodes_arg:
-        parts += ["--nodes", str(t.nodes_arg)]
+    parts += ["--hw", r.hardware_label()]
+    if r.nodes:
+        parts += ["--nodes", str(r.nodes)]
     if t.workload.global_batch is not None:
         parts += ["--global-batch", str(t.workload.global_batch)]
     if t.workload.dtype != "bf16":
         parts += ["--dtype", t.workload.dtype]
-    if t.allow_cross_node_sp:
+    if r.allow_cross_node_sp:
         parts.append("--allow-cross-node-sp")
     parts += ["--plan-out", out_path]
     return shlex.join(parts)
@@ -99,12 +101,24 @@ def _now_dict(reason, est) -> dict:
             "tokens_per_second": est.tokens_per_second, "mfu": est.mfu}
 
 
-def run_check(args) -> dict:
+def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out: str | None = None, cache=True,
+          **target) -> dict:
+    """Is the committed plan (or DeepSpeed config) at ``path`` still good? The verdict as a dict (what
+    ``autosp-plan check --json`` prints; ``exit_code`` 0 pass, 3 infeasible, 4 stale).
+
+    ``target``: fields of :class:`~autosp.planner.request.PlanRequest` to check against instead of what the
+    plan was made for (:data:`autosp.planner.reprice.TARGET_FIELDS`: model, hw, nodes, ctx, global_batch,
+    dtype, allow_cross_node_sp, and the search for the best plan now: search, trials, seed).
+    ``tolerance``: how far behind the best plan found now still passes, a percentage (``"5%"`` or 5). ``ignore_versions``: a plan from another search space / cost
+    model / autosp version passes if it is still within tolerance. ``best_out``: write the best plan found
+    now there. ``cache``: the plan cache for that search (as :func:`autosp.planner.api.plan_for`).
+    """
     from autosp.units import format_gib, format_tokens
 
-    tol = parse_tolerance(args.tolerance)
-    art = load_artifact(args.file)
-    t = resolve_target(art, args)
+    tol = parse_tolerance(tolerance)
+    art = load_artifact(path)
+    t = resolve_target(art, target)
+    objective = t.request.objective
     cand = art.candidate
     reasons, changes, notes = [], [], []
     status = PASS
@@ -138,11 +152,11 @@ def run_check(args) -> dict:
     best, gap = None, None
     if status == PASS or status == STALE:
         try:
-            best = best_now(t, args, art)
+            best = best_now(t, cache)
         except InfeasibleError as err:  # the committed plan fits, so the search should too; say so if not
             notes.append(f"the search found nothing that fits ({err})")
         if best is not None:
-            if t.objective == "max-ctx":
+            if objective == "max-ctx":
                 gap = 1 - t.workload.seq_len / best.workload.seq_len if best.workload.seq_len else 0.0
                 better = f"the longest context now is {best.workload.seq_len:,} tokens ({best.candidate.short()})"
             else:
@@ -159,21 +173,21 @@ def run_check(args) -> dict:
             reasons.append("made for another target: " + "; ".join(c.split(" (")[0] for c in changed_target))
         if vchanges or drift:
             what = "; ".join(vchanges + (["prediction: " + ", ".join(drift)] if drift else []))
-            if args.ignore_versions:
+            if ignore_versions:
                 notes.append(f"ignored (--ignore-versions): {what}")
             else:
                 status = STALE
                 reasons.append(f"produced by another version: {what}")
 
-    if best is not None and args.best_out:
+    if best is not None and best_out:
         from autosp.planner.plan import save_plan
 
-        save_plan(best, args.best_out)
+        save_plan(best, best_out)
     result = {
         "status": STATUS[status], "exit_code": status, "file": art.path, "kind": art.kind,
         "target": {"model": t.model.name, "model_fingerprint": t.model.fingerprint(), "hardware": t.hardware.name,
                    "hardware_fingerprint": t.hardware.fingerprint(), "workload": asdict(t.workload),
-                   "objective": t.objective},
+                   "objective": objective},
         "candidate": asdict(cand), "short": cand.short(),
         "now": _now_dict(reason, est),
         "committed": None if art.estimate is None else {
@@ -187,7 +201,7 @@ def run_check(args) -> dict:
         "versions": {"committed": art.versions, "now": {k: now_versions[k] for k in ("autosp", "space", "cost_model")}},
         "changes": changes, "reasons": reasons, "notes": notes,
         "replan": replan_command(t, art.path if art.kind == "plan" else "plan.json"),
-        "best_out": args.best_out if best is not None and args.best_out else None,
+        "best_out": best_out if best is not None and best_out else None,
     }
     return result
 
@@ -209,15 +223,24 @@ def _expand(patterns: list[str]) -> list[str]:
     return files
 
 
-def run_select(args) -> dict:
-    from autosp.planner.explain import lost_because
-    from autosp.planner.evaluator import rank_key
+def select(candidates, *, tolerance=None, plan_out: str | None = None, ds_config: str | None = None, cache=True,
+           **target) -> dict:
+    """Re-price every candidate plan (files, directories of ``*.json`` or glob patterns) on the target and
+    pick the fastest that is valid and fits; the result as a dict (what ``autosp-plan select --json``
+    prints; ``exit_code`` 0 selected, 3 none fits, 4 beyond ``tolerance`` of the best plan now).
 
-    files = _expand(args.candidates)
+    ``target``: as for :func:`check` (default: the first candidate's model, hardware and workload; the
+    search for the best plan now, only with a ``tolerance``, is Optuna unless given). ``plan_out`` /
+    ``ds_config``: write the selected plan, re-priced, and its DeepSpeed config.
+    """
+    from autosp.planner.evaluator import rank_key
+    from autosp.planner.explain import lost_because
+
+    files = _expand(list(candidates))
     arts = [load_artifact(f) for f in files]
-    t = resolve_target(arts[0], args)
-    if t.objective == "max-ctx":
-        t = replace(t, objective="throughput")  # candidates compete on tokens/s at the target context
+    t = resolve_target(arts[0], target, search_from_plan=False)
+    if t.request.objective == "max-ctx":  # candidates compete on tokens/s at the target context
+        t = replace(t, request=replace(t.request, objective="throughput"))
     rows, priced = [], []
     for art in arts:
         reason, est = price(t, art.candidate)
@@ -231,7 +254,7 @@ def run_select(args) -> dict:
     fitting = sorted((p for p in priced if p[1].fits), key=lambda p: rank_key(p[0].candidate, p[1]))
     status, reasons, best, gap = PASS, [], None, None
     chosen = fitting[0] if fitting else None
-    tol = parse_tolerance(args.tolerance) if args.tolerance is not None else None
+    tol = parse_tolerance(tolerance) if tolerance is not None else None
     if chosen is None:
         status = INFEASIBLE
         reasons.append(f"none of the {len(arts)} candidates is valid and fits {t.model.name} at "
@@ -240,14 +263,14 @@ def run_select(args) -> dict:
         for art, est, row in fitting:
             row["rank"] = fitting.index((art, est, row)) + 1
         if tol is not None:
-            best = best_now(t, args, None)
+            best = best_now(t, cache)
             gap = 1 - chosen[1].tokens_per_second / best.estimate.tokens_per_second
             if gap > tol:
                 status = STALE
                 reasons.append(f"the best plan now ({best.candidate.short()}) is {_pct(gap / (1 - gap))} faster than "
                                f"the selected {chosen[0].path}, beyond the {_pct(tol)} tolerance")
     written = []
-    if chosen is not None and (args.plan_out or args.ds_config):
+    if chosen is not None and (plan_out or ds_config):
         from autosp.planner.plan import Plan, RunnerUp, write_outputs
         from autosp.planner.space import SPACE_VERSION
         from autosp.planner.versions import code_version, cost_model_version
@@ -262,9 +285,9 @@ def run_select(args) -> dict:
                             "trials": None, "evaluations": len(priced), "space_size": len(arts),
                             "space_version": SPACE_VERSION, "cost_model_version": cost_model_version(),
                             "code_version": code_version(), "seed": None,
-                            "allow_cross_node_sp": t.allow_cross_node_sp, "cache": "off",
+                            "allow_cross_node_sp": t.request.allow_cross_node_sp, "cache": "off",
                             **({"model_profile": f"graph {t.profile.fingerprint}"} if t.profile is not None else {})})
-        written += write_outputs(plan, args.plan_out, args.ds_config)
+        written += write_outputs(plan, plan_out, ds_config)
     return {"status": "selected" if status == PASS else STATUS[status], "exit_code": status,
             "selected": None if chosen is None else {"file": chosen[0].path, "candidate": asdict(chosen[0].candidate),
                                                       "short": chosen[0].candidate.short(),
@@ -277,4 +300,4 @@ def run_select(args) -> dict:
 
 
 
-__all__ = ["CHECK_EXIT_CODES", "SELECT_EXIT_CODES", "load_artifact", "run_check", "run_select"]
+__all__ = ["CHECK_EXIT_CODES", "SELECT_EXIT_CODES", "check", "parse_tolerance", "select"]

@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 
-from autosp.planner.check import CHECK_EXIT_CODES, SELECT_EXIT_CODES, run_check, run_select
+from autosp.planner.check import CHECK_EXIT_CODES, SELECT_EXIT_CODES, check, select
 from autosp.planner.check_report import render_check, render_select
-from autosp.planner.cli_args import ArgParser, check_output_path
+from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
 
 
 def _target_flags(p) -> None:
@@ -72,18 +72,30 @@ def build_select_parser():
     return p
 
 
+def target_of(args) -> dict:
+    """The target overrides given on the command line (``--global-batch none``: one micro-batch per replica)."""
+    target = request_fields(args, given_only=True)
+    if target.get("global_batch") == "none":
+        target["global_batch"] = None
+    return target
+
+
 def main(sub: str, argv: list[str]) -> int:
     if sub == "check":
         args = build_check_parser().parse_args(argv)
         if args.best_out:
             check_output_path(args.best_out, "--best-out")
-        result, render = run_check(args), render_check
+        result = check(args.file, tolerance=args.tolerance, ignore_versions=args.ignore_versions,
+                       best_out=args.best_out, cache=None if args.no_cache else (args.cache or True), **target_of(args))
+        render = render_check
     else:
         args = build_select_parser().parse_args(argv)
         for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
             if path:
                 check_output_path(path, flag)
-        result, render = run_select(args), render_select
+        result = select(args.candidates, tolerance=args.tolerance, plan_out=args.plan_out, ds_config=args.ds_config,
+                        cache=None if args.no_cache else (args.cache or True), **target_of(args))
+        render = render_select
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
@@ -91,4 +103,4 @@ def main(sub: str, argv: list[str]) -> int:
     return result["exit_code"]
 
 
-__all__ = ["build_check_parser", "build_select_parser", "main"]
+__all__ = ["build_check_parser", "build_select_parser", "main", "target_of"]

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 from autosp.errors import EXIT_CODES, UsageError
-from autosp.planner.cli_args import ArgParser, check_output_path
+from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
 
 DESCRIPTION = """\
 Pick the best way to train a model at a context length on a cluster: Ulysses sequence-parallel degree,
@@ -195,7 +195,8 @@ def main(argv=None) -> int:
         if path:
             check_output_path(path, flag)
 
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
     measure = None
     if args.measure is not None:
@@ -204,11 +205,9 @@ def main(argv=None) -> int:
         measure = MeasureOptions(k=args.measure, steps=args.measure_steps, warmup=args.measure_warmup,
                                  backend=args.measure_backend, launcher=args.measure_launcher,
                                  timeout_s=args.measure_timeout, keep_dir=args.measure_dir)
-    plan = make_plan(args.model, args.ctx, args.hw, nodes=args.nodes, objective=args.objective,
-                     global_batch=args.global_batch, dtype=args.dtype, search=args.search, trials=args.trials,
-                     seed=args.seed, cache=None if args.no_cache else (args.cache or True),
-                     allow_cross_node_sp=args.allow_cross_node_sp, storage=args.storage,
-                     study_name=args.study_name, worker=args.worker_id, measure=measure, time_budget=args.time_budget)
+    request = PlanRequest(**request_fields(args))
+    plan = plan_for(request, cache=None if args.no_cache else (args.cache or True), storage=args.storage,
+                    study_name=args.study_name, worker=args.worker_id, measure=measure)
 
     from autosp.planner.plan import write_outputs
 

@@ -27,4 +27,15 @@ def check_output_path(path: str, flag: str) -> None:
         raise UsageError(f"{flag} {path}: cannot write in {probe}")
 
 
-__all__ = ["ArgParser", "check_output_path"]
+def request_fields(args, given_only: bool = False) -> dict:
+    """The :class:`~autosp.planner.request.PlanRequest` fields among the parsed arguments (the flags are named
+    after the fields: ``--global-batch`` sets ``global_batch``); ``given_only``: leave out those not given."""
+    from dataclasses import fields
+
+    from autosp.planner.request import PlanRequest
+
+    out = {f.name: getattr(args, f.name) for f in fields(PlanRequest) if hasattr(args, f.name)}
+    return {k: v for k, v in out.items() if v is not None and v is not False} if given_only else out
+
+
+__all__ = ["ArgParser", "check_output_path", "request_fields"]

@@ -1,77 +1,72 @@
-"""Re-pricing a committed plan: the target it is checked against (the plan's own model, hardware and
-workload, or what the user overrides), what changed since it was made, its knobs priced by the current
-cost model, and the best plan a search finds now (:mod:`autosp.planner.check` turns these into a verdict)."""
+"""Re-pricing a committed plan: the target it is checked against (a
+:class:`~autosp.planner.request.PlanRequest` made of the plan's own model, hardware and workload, or what the
+user overrides), what changed since it was made, its knobs priced by the current cost model, and the best
+plan a search finds now (:mod:`autosp.planner.check` turns these into a verdict)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
 from autosp.planner.artifacts import Artifact
+from autosp.planner.request import PlanRequest, ResolvedRequest, resolve, resolve_hardware
 
 
-# -- the target: what the plan is checked against -------------------------------------------------
-
-@dataclass
-class Target:
-    model: object
-    profile: object
-    hardware: object
-    workload: Workload
-    objective: str
-    model_arg: object  # what make_plan gets for the model (a --model string, or the ModelSpec)
-    model_shown: str
-    hw_shown: str
-    allow_cross_node_sp: bool
-    nodes_arg: str | None = None
+TARGET_FIELDS = ("model", "hw", "nodes", "ctx", "global_batch", "dtype", "allow_cross_node_sp", "search", "trials",
+                 "seed")
+"""The request fields a check or a selection may override (the rest comes from the committed plan)."""
 
 
-def resolve_target(art: Artifact, args) -> Target:
-    from autosp.planner.api import _resolve_hardware
-    from autosp.units import parse_count, parse_ctx
-
-    if args.model:
-        from autosp.planner.profiles import resolve_model_and_profile
-
-        model, profile = resolve_model_and_profile(args.model)
-        model_arg, model_shown = args.model, args.model
-    elif art.model is not None:
+def target_request(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> PlanRequest:
+    """The request ``art`` is checked against: what it was made for (its model, hardware, workload, objective
+    and, with ``search_from_plan``, its search settings), with ``overrides`` (fields of
+    :class:`~autosp.planner.request.PlanRequest` named in :data:`TARGET_FIELDS`; ``global_batch=None``
+    asks for one micro-batch per replica) in their place."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(TARGET_FIELDS))
+    if unknown:
+        raise UsageError(f"cannot override {', '.join(unknown)} of a committed plan (only {', '.join(TARGET_FIELDS)})")
+    model = overrides.get("model")
+    if model is None and art.model is not None:
         if str(art.search.get("model_profile", "")).startswith("graph"):
             raise UsageError(f"{art.path} was priced with the graph profile of its model; give --model (the "
                              "config.json or package.module:function it was planned from)")
-        model, profile, model_arg, model_shown = art.model, None, art.model, art.model.name
-    else:
+        model = art.model
+    elif model is None:
         from autosp.cost_models.catalog.models import resolve_model
 
         try:
-            model = resolve_model(art.model_name)
+            resolve_model(art.model_name)
         except UsageError:
             raise UsageError(f"{art.path}: model {art.model_name!r} is not a preset; give --model") from None
-        profile, model_arg, model_shown = None, art.model_name, art.model_name
-    if args.hw:
-        hardware, hw_shown = _resolve_hardware(args.hw, args.nodes), args.hw
-    elif art.hardware is not None:
-        hardware = art.hardware if args.nodes is None else _resolve_hardware(art.hardware, args.nodes)
-        hw_shown = art.hardware.name
-    else:
+        model = art.model_name
+    hw = overrides.get("hw") or art.hardware
+    if hw is None:
         try:
-            hardware = _resolve_hardware(art.hardware_name, args.nodes)
+            resolve_hardware(art.hardware_name)
         except UsageError:
             raise UsageError(f"{art.path}: hardware {art.hardware_name!r} is not in the catalog; give --hw") from None
-        hw_shown = art.hardware_name
-    workload = art.workload
-    if args.ctx:
-        workload = replace(workload, seq_len=parse_ctx(args.ctx))
-    if args.global_batch:
-        workload = replace(workload, global_batch=None if args.global_batch == "none"
-                           else parse_count(args.global_batch, "--global-batch"))
-    if args.dtype:
-        workload = replace(workload, dtype=args.dtype)
-    cross = bool(args.allow_cross_node_sp or art.search.get("allow_cross_node_sp"))
-    return Target(model=model, profile=profile, hardware=hardware, workload=workload, objective=art.objective,
-                  model_arg=model_arg, model_shown=model_shown, hw_shown=hw_shown, allow_cross_node_sp=cross,
-                  nodes_arg=args.nodes)
+        hw = art.hardware_name
+    s = art.search if search_from_plan else {}
+    search = overrides.get("search") or (s.get("strategy") if s.get("strategy") in ("optuna", "exhaustive")
+                                         else "optuna")
+    trials = overrides.get("trials") or (s.get("trials") if search == "optuna" and s.get("trials") else None)
+    seed = overrides["seed"] if overrides.get("seed") is not None else s.get("seed") or 0
+    return PlanRequest(model=model, hw=hw, nodes=overrides.get("nodes"),
+                       ctx=overrides.get("ctx") or art.workload.seq_len, objective=art.objective,
+                       global_batch=overrides["global_batch"] if "global_batch" in overrides
+                       else art.workload.global_batch,
+                       dtype=overrides.get("dtype") or art.workload.dtype,
+                       allow_cross_node_sp=bool(overrides.get("allow_cross_node_sp")
+                                                or art.search.get("allow_cross_node_sp")),
+                       search=search, trials=trials, seed=seed)
+
+
+def resolve_target(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> ResolvedRequest:
+    """:func:`target_request`, resolved to the specs the cost model prices (a plan's own ModelSpec and
+    HardwareSpec are used as they are)."""
+    return resolve(target_request(art, overrides, search_from_plan))
 
 
 def _field_changes(old, new, prefix="") -> list[str]:
@@ -88,7 +83,7 @@ def _field_changes(old, new, prefix="") -> list[str]:
     return out
 
 
-def target_changes(art: Artifact, t: Target) -> list[str]:
+def target_changes(art: Artifact, t: ResolvedRequest) -> list[str]:
     """How the target differs from what the plan was made for (empty: the same)."""
     out = []
     if art.model_fingerprint != t.model.fingerprint():
@@ -122,12 +117,12 @@ def version_changes(art: Artifact) -> tuple[list[str], dict]:
 
 # -- pricing ----------------------------------------------------------------------------------------
 
-def price(t: Target, cand: Candidate):
+def price(t: ResolvedRequest, cand: Candidate):
     """(invalid reason or None, Estimate or None) of ``cand`` on the target."""
     from autosp.planner.evaluator import Evaluator
     from autosp.planner.space import build_space
 
-    space = build_space(t.model, t.hardware, t.workload, allow_cross_node_sp=t.allow_cross_node_sp,
+    space = build_space(t.model, t.hardware, t.workload, allow_cross_node_sp=t.request.allow_cross_node_sp,
                         profile=t.profile)
     if cand.sp * cand.dp != t.hardware.world_size:
         return (f"sp x dp = {cand.sp} x {cand.dp} = {cand.sp * cand.dp} GPUs, the hardware has "
@@ -138,20 +133,13 @@ def price(t: Target, cand: Candidate):
     return None, Evaluator(space)(cand)
 
 
-def best_now(t: Target, args, art: Artifact | None):
-    """The plan a search finds now for the target (the plan cache answers repeated CI runs)."""
-    from autosp.planner.api import make_plan
+def best_now(t: ResolvedRequest, cache=True):
+    """The plan a search finds now for the target's request (the plan cache answers repeated CI runs)."""
+    from autosp.planner.api import plan_for
 
-    search = args.search or (art.search.get("strategy") if art and art.search.get("strategy") in
-                             ("optuna", "exhaustive") else "optuna")
-    trials = args.trials or (art.search.get("trials") if art and search == "optuna" and art.search.get("trials")
-                             else None)
-    seed = args.seed if args.seed is not None else (art.search.get("seed", 0) if art else 0)
-    ctx = None if t.objective == "max-ctx" else t.workload.seq_len
-    return make_plan(t.model_arg, ctx, t.hardware, objective=t.objective, global_batch=t.workload.global_batch,
-                     dtype=t.workload.dtype, search=search, trials=trials, seed=seed,
-                     cache=None if args.no_cache else (args.cache or True),
-                     allow_cross_node_sp=t.allow_cross_node_sp)
+    request = t.request if t.request.objective != "max-ctx" else replace(t.request, ctx=None)
+    return plan_for(request, cache=cache)
 
 
-__all__ = ["Target", "best_now", "price", "resolve_target", "target_changes", "version_changes"]
+__all__ = ["TARGET_FIELDS", "best_now", "price", "resolve_target", "target_request", "target_changes",
+           "version_changes"]

@@ -60,10 +60,10 @@ def default_worker() -> str:
 
 
 def study_key(request: dict) -> str:
-    """What binds a study: the request without the per-worker settings (trials, seed, runner-ups)."""
+    """What binds a study: the request without the per-worker settings (trials, seed, time budget, runner-ups)."""
     from autosp.planner.cache import request_key
 
-    shared = {k: v for k, v in request.items() if k not in ("trials", "seed", "top_k", "search")}
+    shared = {k: v for k, v in request.items() if k not in ("trials", "seed", "time_budget", "top_k", "search")}
     return request_key(shared)
 
 

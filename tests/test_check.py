@@ -163,3 +163,21 @@ def test_example_workflow_runs_the_documented_commands():
     text = "\n".join(steps)
     assert "autosp-plan check" in text and "--json" in text and "autosp-plan select" in text
     assert (ROOT / "docs" / "ci.md").read_text().count("autosp-plan check") >= 3
+
+
+def test_check_and_select_are_python_functions(committed):
+    """The logic behind autosp-plan check/select, called without argparse: the same verdicts as the CLI."""
+    from autosp.errors import UsageError
+    from autosp.planner import check as ci
+
+    d, cache = committed
+    plan = str(d / "plan.json")
+    result = ci.check(plan, cache=cache)
+    assert result["exit_code"] == 0 and result["status"] == "pass"
+    moved = ci.check(plan, ctx="16k", cache=cache)  # a target override is a PlanRequest field
+    assert moved["exit_code"] == 4 and any(c.startswith("workload:") for c in moved["changes"])
+    assert ci.check(plan, hw="h100x16", cache=cache)["exit_code"] == 3  # its sp x dp no longer matches the GPUs
+    with pytest.raises(UsageError, match="cannot override"):
+        ci.check(plan, objective="max-ctx", cache=cache)
+    picked = ci.select([plan, str(d / "ds.json")], cache=cache)
+    assert picked["exit_code"] == 0 and picked["selected"]["file"] == plan
