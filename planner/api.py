@@ -176,7 +176,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
             return Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=c, estimate=e,
                         objective=objective, search={"strategy": "measure", "space_version": SPACE_VERSION})
 
-        outcome = measuring.measure(space, evaluator, result, measure, trials, seed, plan_of,
+        outcome = measuring.measure(space, evaluator, result, measure, plan_of,
                                     worker=shared.worker if shared is not None else "local")
         cand, est = outcome.chosen
         measured = outcome.table

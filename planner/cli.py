@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     meas = p.add_argument_group("measured trials (bypass the plan cache)")
     meas.add_argument("--measure", metavar="K", nargs="?", const=3, type=int,
-                      help="run the K best candidates autosp-train accepts (default 3) for a few steps on this "
+                      help="run the cost model's K best candidates (default 3) for a few steps on this "
                            "machine and choose the plan by measured tokens/s")
     meas.add_argument("--measure-steps", metavar="N", type=int, default=3, help="measured steps per candidate (default 3)")
     meas.add_argument("--measure-warmup", metavar="N", type=int, default=1,

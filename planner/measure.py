@@ -1,23 +1,17 @@
 """Measured trials (``autosp-plan --measure K``): run the cost model's best candidates for a few real steps
 with ``autosp-train`` on this machine and let the measurement choose the plan.
 
-1. **What autosp-train accepts.** Plan knobs still being implemented in the compiler are rejected by
-   ``autosp-train``. The planner does not hard-code which: it asks the compiler's own validation
-   (:func:`autosp.compiler.api.resolve_candidate`, the check ``autosp.compile`` and ``autosp-train``
-   run before anything else) in a subprocess, so the planner process never imports the compiler, torch
-   or DeepSpeed. It probes each knob value of the search space (from the simplest candidate, alone and
-   paired with each value of another knob), keeps the values the compiler accepts, and says which it
-   excluded and why.
-2. **Top-k by prediction.** The accepted sub-space is searched with the same cost model (exhaustively
-   when small — every candidate probed, so rules that tie two knobs are exact —, else with the same
-   Optuna search and its best few probed); its ``K`` best fitting accepted candidates are measured.
-3. **Measure.** Each candidate is written as a plan file and run by ``autosp-train --plan`` for
+1. **Top-k by prediction.** The ``K`` best fitting candidates of the space by the cost model: exact when
+   the space is small (every candidate scored, up to :data:`EXHAUSTIVE_LIMIT`), else the best the search
+   scored. (The compiler builds every knob of the search space; a candidate ``autosp-train`` refused would
+   show as a failed run, never as the winner.)
+2. **Measure.** Each candidate is written as a plan file and run by ``autosp-train --plan`` for
    ``warmup + steps`` optimizer steps, launched with ``torchrun --standalone --nproc-per-node {world}``
    (world = the plan's ``dp x sp``; one process per device, or per CPU process on a CPU machine;
    ``--measure-launcher`` for several nodes or a scheduler). The first ``warmup`` steps (compilation)
    are dropped; the step time is the median of the rest, peak memory the largest the run reports
    (device memory on GPUs, host RSS on CPU).
-4. **Choose.** The plan is the candidate with the highest measured tokens/s; the plan JSON records
+3. **Choose.** The plan is the candidate with the highest measured tokens/s; the plan JSON records
    predicted and measured figures for every measured candidate (``search.measured``), and each
    measurement is recorded in the Optuna study as a trial (``source: measured``, user attributes
    ``measured_step_time_s``, ``measured_tokens_per_second``, ``measured_peak_memory_bytes``,
@@ -35,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
@@ -43,25 +37,7 @@ from autosp.errors import UsageError
 DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world} -m autosp.compiler.train_cli"
 BACKENDS = ("inductor", "aot_eager")
 EXHAUSTIVE_LIMIT = 20_000
-"""Accepted sub-spaces up to this size are searched exhaustively (exact top-k), larger ones with Optuna."""
-
-PROBE = r"""
-import json, sys
-from autosp.cost_models.specs import Candidate
-from autosp.errors import AutospError
-from autosp.compiler.api import resolve_candidate
-out = []
-for data in json.load(sys.stdin):
-    try:
-        resolve_candidate(Candidate(**data))
-        out.append(None)
-    except AutospError as err:
-        out.append(str(err))
-    except Exception as err:
-        out.append(f"{type(err).__name__}: {err}")
-json.dump(out, sys.stdout)
-"""
-
+"""Spaces up to this size are scored whole for an exact top-k; larger ones give the best the search scored."""
 
 @dataclass(frozen=True)
 class MeasureOptions:
@@ -98,107 +74,18 @@ def _say(message: str) -> None:
     print(f"autosp-plan: {message}", file=sys.stderr, flush=True)
 
 
-# -- what autosp-train accepts ------------------------------------------------------------------
+# -- the candidates to measure ------------------------------------------------------------------
 
-def probe(candidates: list[Candidate]) -> list[str | None]:
-    """For each candidate, None if the compiler accepts it, else its one-line reason (subprocess)."""
-    if not candidates:
-        return []
-    payload = json.dumps([asdict(c) for c in candidates])
-    try:
-        out = subprocess.run([sys.executable, "-c", PROBE], input=payload, capture_output=True, text=True,
-                             timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise UsageError(f"--measure: cannot ask the compiler which knobs it accepts ({err})") from None
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["?"])[-1]
-        raise UsageError(f"--measure: cannot ask the compiler which knobs it accepts ({last})")
-    return json.loads(out.stdout)
-
-
-def simplest(space, cand: Candidate) -> Candidate:
-    """``cand`` with every knob that trades speed for memory off (the compiler's baseline)."""
-    return space.make(**dict({k: getattr(cand, k) for k in space.KNOBS}, checkpointing="none", mlp_chunks=1,
-                             loss_chunks=1, offload_activations=False, overlap="none", offload_optimizer=False))
-
-
-def accepted_space(space, base: Candidate):
-    """(the space restricted to the knob values autosp-train accepts, {knob: {value: reason}} rejected).
-
-    A value is accepted when the compiler accepts ``base`` (simplest) with that knob changed, alone or
-    together with any one value of another knob (so a rule that ties two knobs, such as "loss tiling
-    not with ZeRO-3", excludes only the pair, not the value); each probe carries the companion a value
-    needs to mean anything (overlap needs sp > 1, optimizer offload ZeRO >= 1, activation offload a
-    checkpointing policy). The exact accepted set is then the job of :func:`top_k`."""
-    choices = space.choices()
-    knobs0 = {k: getattr(base, k) for k in space.KNOBS}
-
-    def variant(changes: dict) -> Candidate:
-        knobs = dict(knobs0, **changes)
-        if knobs["overlap"] != "none" and knobs["sp"] == 1:
-            knobs["sp"] = max(choices["sp"])
-        if knobs["offload_optimizer"] and knobs["zero_stage"] == 0:
-            knobs["zero_stage"] = max(1, max(choices["zero_stage"]))
-        if knobs["offload_activations"] and knobs["checkpointing"] == "none":
-            knobs["checkpointing"] = next((c for c in choices["checkpointing"] if c != "none"), "none")
-        return space.make(**knobs)
-
-    variants, where = [], []
-    for name in space.KNOBS:
-        for value in choices[name]:
-            variants.append(variant({name: value}))
-            where.append((name, value, True))
-            for other in space.KNOBS:
-                if other == name:
-                    continue
-                for second in choices[other]:
-                    variants.append(variant({name: value, other: second}))
-                    where.append((name, value, False))
-    reasons = probe(variants)
-    accepted = {name: [] for name in space.KNOBS}
-    alone: dict[tuple, str] = {}
-    first: dict[tuple, str] = {}
-    for (name, value, single), why in zip(where, reasons):
-        if why is None:
-            if value not in accepted[name]:
-                accepted[name].append(value)
-        else:
-            first.setdefault((name, value), why)
-            if single:
-                alone[(name, value)] = why
-    rejected: dict[str, dict] = {}
-    for name in space.KNOBS:
-        accepted[name] = [v for v in choices[name] if v in accepted[name]]
-        for value in choices[name]:
-            if value not in accepted[name]:
-                rejected.setdefault(name, {})[str(value)] = alone.get((name, value)) or first[(name, value)]
-    missing = [name for name, values in accepted.items() if not values]
-    if missing:
-        detail = "; ".join(next(iter(rejected.get(n, {"?": "?"}).values())) for n in missing)
-        raise UsageError(f"--measure: autosp-train accepts no value of {', '.join(missing)} ({detail})")
-    return replace(space, **{name: tuple(values) for name, values in accepted.items()}), rejected
-
-
-def top_k(space, evaluator, k: int, trials: int, seed: int) -> list:
-    """The ``k`` best fitting (candidate, estimate) of ``space`` that the compiler accepts, best first
-    (a small space: every candidate probed and scored, exact; a large one: Optuna, then its best few
-    probed)."""
+def top_k(space, evaluator, k: int) -> list:
+    """The ``k`` best fitting (candidate, estimate) of ``space`` by the cost model, best first: exact for a
+    space of at most EXHAUSTIVE_LIMIT candidates (all scored), else among those the search scored."""
     from autosp.planner.evaluator import ranked_at
 
     seq = space.workload.seq_len
     if space.size() <= EXHAUSTIVE_LIMIT:
-        candidates = list(space.candidates())
-        accepted = [c for c, why in zip(candidates, probe(candidates)) if why is None]
-        for cand in accepted:
+        for cand in space.candidates():
             evaluator(cand, seq)
-        pool = set(accepted)
-        return [(c, e) for c, e in ranked_at(evaluator, seq) if e.fits and c in pool][:k]
-    from autosp.planner.search import optuna_throughput
-
-    optuna_throughput(space, evaluator, trials=trials, seed=seed, label="optuna (measurable)")
-    ranked = [(c, e) for c, e in ranked_at(evaluator, seq) if e.fits and not space.reason(c)][: k * 4]
-    verdicts = probe([c for c, _ in ranked])
-    return [pair for pair, why in zip(ranked, verdicts) if why is None][:k]
+    return [(c, e) for c, e in ranked_at(evaluator, seq) if e.fits and not space.reason(c)][:k]
 
 
 # -- running autosp-train -----------------------------------------------------------------------
@@ -277,24 +164,11 @@ class Outcome:
     others: list   # [(Candidate, Estimate, lost_because)]
 
 
-def measure(space, evaluator, result, options: MeasureOptions, trials: int, seed: int, make_plan_for,
-            worker: str = "local") -> Outcome:
-    """Steps 1-4 of the module doc. ``make_plan_for(cand, est)`` builds the Plan file a run trains."""
-    from autosp.planner.evaluator import Evaluator
-
-    model_best = result.best
-    base = simplest(space, model_best[0] if model_best else next(iter(space.candidates())))
-    restricted, rejected = accepted_space(space, base)
-    sub_evaluator = Evaluator(restricted)
-    sub_evaluator.memo.update(evaluator.memo)  # same model, hardware and profile: reuse the scores
-    chosen = top_k(restricted, sub_evaluator, options.k, trials, seed)
+def measure(space, evaluator, result, options: MeasureOptions, make_plan_for, worker: str = "local") -> Outcome:
+    """Steps 1-3 of the module doc. ``make_plan_for(cand, est)`` builds the Plan file a run trains."""
+    chosen = top_k(space, evaluator, options.k)
     if not chosen:
-        raise UsageError("--measure: no candidate that autosp-train accepts fits the hardware "
-                         f"(rejected knob values: {json.dumps(rejected)})")
-    if rejected:
-        _say("--measure: autosp-train rejects " + "; ".join(
-            f"{name}={'/'.join(values)}" for name, values in rejected.items())
-             + " today; measuring the best candidates without them")
+        raise UsageError("--measure: no candidate fits the hardware")
     workdir_ctx = tempfile.TemporaryDirectory(prefix="autosp-measure-") if options.keep_dir is None else None
     workdir = options.keep_dir or workdir_ctx.name
     os.makedirs(workdir, exist_ok=True)
@@ -325,10 +199,7 @@ def measure(space, evaluator, result, options: MeasureOptions, trials: int, seed
         _say(f"note: --measure: {spread}")
     table = {"k": options.k, "warmup_steps": options.warmup, "steps": options.steps, "backend": options.backend,
              "launcher": options.launcher or DEFAULT_LAUNCHER, "chosen_by": chosen_by,
-             "accepted_by": "autosp.compiler.api.resolve_candidate (asked in a subprocess)",
-             "rejected_knob_values": rejected, "measurable_space_size": restricted.size(),
-             "cost_model_best": _model_best(model_best),
-             "results": rows}
+             "cost_model_best": _model_best(result.best), "results": rows}
     if spread:
         table["note"] = spread
     return Outcome(chosen=best, table=table, others=others)
@@ -385,13 +256,11 @@ def choose(rows: list[dict], pairs: list) -> tuple:
 
 
 def _model_best(model_best) -> dict | None:
-    """The cost model's choice over the whole space, and whether autosp-train could run it."""
+    """The cost model's choice over the whole space (what the measurement is compared with)."""
     if model_best is None:
         return None
     cand, est = model_best
-    why = probe([cand])[0]
-    return {"short": cand.short(), "tokens_per_second": est.tokens_per_second, "measurable": why is None,
-            **({"rejected_because": why} if why else {})}
+    return {"short": cand.short(), "tokens_per_second": est.tokens_per_second}
 
 
 def _record(study, space, cand, est, run: dict, worker: str) -> None:

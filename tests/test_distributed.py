@@ -110,7 +110,7 @@ def _tiny():
 
 @pytest.mark.slow
 def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, monkeypatch):
-    """--measure 1 on the 2-process CPU cluster: the best candidate autosp-train accepts is trained for
+    """--measure 1 on the 2-process CPU cluster: the cost model's best candidate is trained for
     real (torchrun, gloo, world = dp x sp), its measured step time and peak memory land in the plan and
     in the shared study next to the prediction."""
     import optuna
@@ -136,10 +136,7 @@ def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, m
     assert measured["tokens_per_second"] == pytest.approx(2 * 512 / measured["step_time_s"], rel=1e-6)
     assert predicted["tokens_per_second"] == pytest.approx(plan.estimate.tokens_per_second)
     assert "--nproc-per-node 2" in row["command"] and (tmp_path / "runs" / "candidate0.steps.jsonl").exists()
-    # what autosp-train accepts was asked, not assumed: every excluded value is one the compiler rejects
-    resolve_candidate(plan.candidate)
-    for knob, values in table["rejected_knob_values"].items():
-        assert knob in plan.candidate.__dataclass_fields__ and all(isinstance(w, str) and w for w in values.values())
+    resolve_candidate(plan.candidate)  # what was measured is a plan the compiler builds
     # the measurement is a trial of the study, next to its prediction
     study = optuna.load_study(study_name="measured", storage=storage)
     trials = [t for t in study.get_trials() if t.user_attrs.get("source") == "measured"]
