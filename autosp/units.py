@@ -105,10 +105,6 @@ def format_tokens(n: int) -> str:
 GIB = float(2**30)
 
 
-def gib(nbytes: float) -> float:
-    return nbytes / GIB
-
-
 def format_gib(nbytes: float) -> str:
     return f"{nbytes / GIB:,.1f} GiB"
 

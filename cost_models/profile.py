@@ -22,7 +22,7 @@ torch, and the planner calls the estimate thousands of times.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, ModelSpec

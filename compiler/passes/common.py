@@ -3,7 +3,6 @@ subgraph on the example inputs."""
 
 from __future__ import annotations
 
-import operator
 import re
 
 import torch
@@ -132,14 +131,3 @@ def evaluate(gm: fx.GraphModule, target: fx.Node, example_inputs) -> object:
     sub = fx.GraphModule(gm, graph)
     with torch.no_grad():
         return sub(*inputs)
-
-
-def users_in_order(node: fx.Node) -> list:
-    return list(node.users)
-
-
-def replace_uses(old: fx.Node, new: fx.Node, skip=()) -> None:
-    old.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new and user not in skip)
-
-
-GETITEM = operator.getitem

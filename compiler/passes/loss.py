@@ -39,7 +39,6 @@ from autosp.compiler.passes.common import (
     PAD,
     fail,
     is_call,
-    is_method,
     normalized,
     set_named_args,
 )

@@ -16,10 +16,6 @@ from autosp.cost_models.profile import Elems
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 
 
-def _elems_of_bytes(e_bytes: float, other_bytes: float) -> Elems:
-    return Elems(e_bytes / 2, 0.0, other_bytes)
-
-
 def measure(tr) -> dict:
     """Per-sequence quantities of the last decoder layer and of the model outside the layers."""
     la = LayerAnalysis(tr)
@@ -31,7 +27,6 @@ def measure(tr) -> dict:
         out[prefix + ".other"], out[prefix + ".kv"], out[prefix + ".fixed"] = el.other, el.kv, el.fixed
 
     # --- kept / recomputed per policy ---
-    none_attn = [s for s in la.saved if la.side(s) == "attn"]
     none_mlp = [s for s in la.saved if la.side(s) == "mlp"]
     put("mlp_inner", la.size(none_mlp))
     for policy in CHECKPOINTING_POLICIES:

@@ -46,7 +46,6 @@ def build_profile(name: str, seq_lens, measurements, params: dict, n_layers: int
     fits, st = fit_measurements(seq_lens, measurements)
     h = int(st["hidden"])
     a, n_kv, d = int(st["n_heads"]), int(st["n_kv_heads"]), int(st["head_dim"])
-    q_w, k_w = a * d, n_kv * d
     mm_lin, mm_quad = fits["mm_fwd"].coef
     attn_lin, attn_quad = fits["attn_fwd"].coef
     quad_fwd = mm_quad + attn_quad

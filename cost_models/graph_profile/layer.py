@@ -103,7 +103,7 @@ class LayerAnalysis:
 
     # classes ---------------------------------------------------------------------------------------
     def _classify(self):
-        tr, ops = self.tr, self.tr.ops
+        ops = self.tr.ops
         self.kv_share = {}     # sid -> fraction of its bytes that are K/V (Ulysses replicates them)
         collective = set()
         for c in self.sdpa:

@@ -28,7 +28,6 @@ in :mod:`autosp.cost_models.graph_profile.analyze`; this module only records.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import inspect
 import json
