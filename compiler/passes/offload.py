@@ -43,6 +43,8 @@ import weakref
 import torch
 from torch import fx
 
+from autosp.compiler.passes.saved import owner_layer, residual_shapes, saved_values
+
 OFFLOADED: collections.Counter = collections.Counter()
 """Bytes moved by ``offload`` (key ``"bytes"``) and ``reload`` (key ``"reload_bytes"``), calls (``"calls"``)."""
 
@@ -174,8 +176,6 @@ def _set_val(node: fx.Node, val: torch.Tensor) -> None:
 def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, n_layers: int,
                               static_names: set = frozenset()) -> int:
     """Rewrite ``fw``/``bw`` (see the module docstring); return the bytes offloaded per forward."""
-    from autosp.compiler.passes.checkpointing import owner_layer, residual_shapes, saved_values
-
     fw_graph, bw_graph = fw.graph, bw.graph
     fw_nodes = list(fw_graph.nodes)
     fw_index = {n: i for i, n in enumerate(fw_nodes)}
