@@ -25,6 +25,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from autosp.cost_models.graph_profile.model_arg import describe_model_arg
 from autosp.cost_models.profile import PROFILE_SCHEMA, ModelProfile
 
 __all__ = ["ModelProfile", "cache_dir", "describe_model_arg", "fingerprint", "load_or_build", "preset_config"]
@@ -38,26 +39,6 @@ def cache_dir() -> Path:
         return Path(override).expanduser() / "profiles"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "autosp" / "profiles"
-
-
-def describe_model_arg(model_arg: str) -> tuple[str, str]:
-    """("config", path of the config.json) or ("entry", "package.module:function")."""
-    if not isinstance(model_arg, str) or not model_arg.strip():
-        raise ValueError("no model given: pass a Hugging Face config.json (or its directory) or package.module:function")
-    arg = model_arg.strip()
-    if os.path.isdir(arg):
-        path = os.path.join(arg, "config.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"{arg} is a directory without a config.json")
-        return "config", path
-    if arg.lower().endswith(".json") or os.path.exists(arg):
-        if not os.path.isfile(arg):
-            raise ValueError(f"model config {arg} does not exist")
-        return "config", arg
-    module, sep, attr = arg.partition(":")
-    if sep and module and attr and all(p.isidentifier() for p in module.split(".") + attr.split(".")):
-        return "entry", arg
-    raise ValueError(f"{arg!r} is neither a config.json path nor a package.module:function entry point")
 
 
 def _module_file(module: str) -> Path | None:

@@ -92,7 +92,7 @@ def _config_ints(config) -> set:
 def build_profile_for(model_arg: str, *, fingerprint: str = "", seq_lens=None, quiet: bool = False):
     """Trace ``model_arg`` (a config.json path / directory or ``package.module:function``) and return its
     graph ModelProfile."""
-    from autosp.cost_models.graph_profile import describe_model_arg
+    from autosp.cost_models.graph_profile.model_arg import describe_model_arg
 
     kind, target = describe_model_arg(model_arg)
     max_position = None
