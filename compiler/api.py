@@ -1,4 +1,10 @@
-"""``autosp.compile``: from a model and a plan to a running sequence-parallel DeepSpeed engine."""
+"""``autosp.compile``: from a model and a plan to a running sequence-parallel DeepSpeed engine.
+
+The compiler reads the planner through one seam, :func:`load_plan` (the plan JSON, ``autosp.planner.plan``):
+a plan is the planner's output and the compiler's input, and nothing else of the planner is imported here or
+anywhere under ``compiler/`` (``tests/test_layering.py`` checks it). What both need besides, the DeepSpeed
+config builder and the op tables, lives in ``cost_models``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,14 @@ DTYPES = ("fp32", "bf16")
 RECOMPILE_LIMIT = 64
 
 
+def load_plan(path):
+    """The plan JSON at ``path`` (written by ``autosp-plan --plan-out``): the compiler's one way into the
+    planner."""
+    from autosp.planner.plan import load_plan as read_plan
+
+    return read_plan(path)
+
+
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
                       grad_accum=None, offload_optimizer=None) -> tuple[Candidate, object]:
     """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
@@ -21,8 +35,6 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
     source = None
     if plan is not None:
         if isinstance(plan, (str, os.PathLike)):
-            from autosp.planner.plan import load_plan
-
             plan = load_plan(plan)
         if isinstance(plan, Candidate):
             candidate = plan
@@ -238,4 +250,4 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
                     pad_to_multiple_of=pad_to_multiple_of, dtype=dtype, backend=backend)
 
 
-__all__ = ["compile_model", "resolve_candidate", "deepspeed_config"]
+__all__ = ["compile_model", "deepspeed_config", "load_plan", "resolve_candidate"]

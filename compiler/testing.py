@@ -110,9 +110,9 @@ def full_weight(param):
 def sp_run(model, batches, optimizer_fn, **compile_kwargs) -> dict:
     """The same training through ``autosp.compile``; every rank gets the full batches. Gradients are read at
     the first gradient-accumulation boundary, after DeepSpeed reduced them."""
-    import autosp
+    from autosp.compiler.api import compile_model
 
-    engine = autosp.compile(copy.deepcopy(model), optimizer=optimizer_fn, **compile_kwargs)
+    engine = compile_model(copy.deepcopy(model), optimizer=optimizer_fn, **compile_kwargs)
     losses, grads = [], None
     for batch in batches:
         loss = engine(**batch)

@@ -201,13 +201,13 @@ def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
 
-    import autosp
+    from autosp.compiler.api import compile_model, load_plan
     from autosp.units import parse_ctx
 
     # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor on every ZeRO-3 gather.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
 
-    plan = autosp.load_plan(args.plan) if args.plan else None
+    plan = load_plan(args.plan) if args.plan else None
     if plan is None and args.sp is None:
         raise UsageError("give --plan or --sp")
     seq = parse_ctx(args.ctx) if args.ctx else (plan.workload.seq_len if plan is not None else None)
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     if plan is None:
         options.update(sp_size=args.sp, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
                        grad_accum=args.grad_accum)
-    engine = autosp.compile(model, plan=plan, **options)
+    engine = compile_model(model, plan=plan, **options)
     c = engine.candidate
     data = TokenSource(args.data, vocab, seq, args.seed, args.data_dtype, torch)
     rows = c.dp * c.micro_batch
