@@ -25,3 +25,6 @@ EXIT_CODES = {
     2: "usage error: bad arguments or unreadable input",
     3: "no feasible plan: the request does not fit the hardware",
 }
+
+
+__all__ = ["EXIT_CODES", "AutospError", "InfeasibleError", "UsageError"]

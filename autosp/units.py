@@ -117,3 +117,7 @@ def format_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} us"
+
+
+__all__ = ["CTX_GRAMMAR", "GIB", "MAX_TOKENS", "SUFFIXES", "format_gib", "format_seconds", "format_tokens",
+           "parse_count", "parse_ctx", "parse_seconds"]

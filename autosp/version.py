@@ -6,3 +6,6 @@ try:
     __version__ = metadata.version("autosp")
 except metadata.PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+source"
+
+
+__all__ = ["__version__"]

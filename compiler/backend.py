@@ -69,3 +69,6 @@ def make_backend(ctx: SPContext, backend: str = "inductor", passes=PIPELINE):
                             keep_inference_input_mutations=True)(gm, example_inputs)
 
     return autosp_backend
+
+
+__all__ = ["BACKENDS", "apply_passes", "make_backend"]

@@ -176,3 +176,7 @@ def capture_graph(fn, *args, **kwargs):
     torch._dynamo.reset()
     torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
     return box["gm"], box["inputs"]
+
+
+__all__ = ["capture_graph", "compare", "free_port", "full_grad", "full_weight", "reference_run", "rel_err",
+           "run_cases", "sp_run", "spawn"]

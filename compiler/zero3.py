@@ -70,3 +70,6 @@ def persist_lm_head(ds_engine) -> int:
     if params:
         params[0].all_gather(params)
     return sum(p.ds_numel for p in params)
+
+
+__all__ = ["lm_head_module", "persist_lm_head"]

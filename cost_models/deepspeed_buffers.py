@@ -71,3 +71,8 @@ def zero_config_fields(stage: int, n_params: float | None = None) -> dict:
             "stage3_param_persistence_threshold": STAGE3_PARAM_PERSISTENCE_THRESHOLD,
         })
     return fields
+
+
+__all__ = ["ALLGATHER_BUCKET_SIZE", "CONTIGUOUS_GRADIENTS", "OVERLAP_COMM", "REDUCE_BUCKET_SIZE",
+           "STAGE3_MAX_LIVE_PARAMETERS", "STAGE3_MAX_REUSE_DISTANCE", "STAGE3_PARAM_PERSISTENCE_THRESHOLD",
+           "STAGE3_PREFETCH_BUCKET_SIZE", "STAGING_BUFFERS", "reduce_bucket_elements", "zero_config_fields"]

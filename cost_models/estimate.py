@@ -87,3 +87,6 @@ def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str 
         else:
             hi = mid
     return lo * step
+
+
+__all__ = ["estimate", "fits", "max_seq_len", "memory_only"]

@@ -255,3 +255,7 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
         details=(("ffn_hidden", f), ("gated_mlp", model.gated_mlp), ("tied_embeddings", model.tied_embeddings),
                  ("qkv_bias", model.qkv_bias)),
     )
+
+
+__all__ = ["FA_BACKWARD_FACTOR", "LOSS_FP32_BYTES", "LOSS_POINTWISE_BWD_BYTES", "LOSS_POINTWISE_FWD_BYTES",
+           "POLICY_INDEX", "PROFILE_SCHEMA", "Elems", "ModelProfile", "analytic_profile"]

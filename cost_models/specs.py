@@ -332,3 +332,8 @@ class Estimate:
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.capacity_bytes
+
+
+__all__ = ["CHECKPOINTING_POLICIES", "DTYPES", "OPTIMIZERS", "OVERLAP_SCHEDULES", "AcceleratorSpec", "Candidate",
+           "Estimate", "HardwareSpec", "MemoryBreakdown", "ModelSpec", "TimeBreakdown", "Workload", "fingerprint_of",
+           "from_dict"]

@@ -223,3 +223,7 @@ def _padding(seq_len: int, sp: int) -> tuple[int, float]:
     from autosp.planner.space import padding
 
     return padding(seq_len, sp)
+
+
+__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "exhaustive_is_cheaper",
+           "make_plan", "optuna_cost", "plan_for"]

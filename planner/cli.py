@@ -221,6 +221,9 @@ def main(argv=None) -> int:
     return 0
 
 
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+
 if __name__ == "__main__":
     from autosp.cli import plan_main
 

@@ -76,3 +76,6 @@ def deepspeed_config(plan) -> dict:
 
 def deepspeed_config_json(plan) -> str:
     return json.dumps(deepspeed_config(plan), indent=2) + "\n"
+
+
+__all__ = ["deepspeed_config", "deepspeed_config_json"]

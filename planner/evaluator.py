@@ -185,3 +185,7 @@ def progress_bar(total: int | None, desc: str):
     except ImportError:  # pragma: no cover - tqdm comes with optuna
         return _NoBar()
     return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, delay=0.5, dynamic_ncols=True)
+
+
+__all__ = ["CTX_GRANULE", "MAX_CTX", "Evaluator", "SearchResult", "progress_bar", "rank_key", "ranked_at",
+           "simplicity"]

@@ -59,3 +59,6 @@ def exhaustive_max_ctx(space, evaluator: Evaluator) -> SearchResult:
     result = exhaustive_throughput(space, evaluator, seq_len=best_ctx, label="fastest at max-ctx")
     result.max_ctx = dict(evaluator.max_ctx_memo)
     return result
+
+
+__all__ = ["exhaustive_max_ctx", "exhaustive_throughput", "longest_context", "memory_lean_first"]

@@ -278,3 +278,7 @@ def _record(study, space, cand, est, run: dict, worker: str) -> None:
                       "measured_peak_memory_bytes": run["peak_memory_bytes"],
                       "measured_memory_kind": run["memory_kind"]})
     add_trial(_import_optuna(), study, space, cand, est, "measured", worker, extra)
+
+
+__all__ = ["BACKENDS", "DEFAULT_LAUNCHER", "EXHAUSTIVE_LIMIT", "MeasureOptions", "Outcome", "choose",
+           "launch_command", "measure", "run_one", "spread_note", "top_k"]

@@ -148,3 +148,7 @@ def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
         write_text_atomically(ds_config, deepspeed_config_json(plan))
         written.append(ds_config)
     return written
+
+
+__all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "hardware_from_dict",
+           "load_plan", "plan_from_dict", "read_json", "save_plan", "write_outputs", "write_text_atomically"]

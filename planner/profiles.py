@@ -85,3 +85,6 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         spec = profile.model_spec()
         return replace(spec, source=f"graph profile {profile.fingerprint} of {arg}"), profile
     return models.resolve_model(arg), None  # unknown preset: its UsageError suggests close names
+
+
+__all__ = ["resolve_model_and_profile"]

@@ -200,3 +200,7 @@ def summary_of(optuna, study) -> dict:
     trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     workers = sorted({t.user_attrs.get("worker", "?") for t in trials if t.user_attrs.get("source") != "refine"})
     return {"trials_in_study": len(trials), "workers": workers}
+
+
+__all__ = ["RETRIES", "Shared", "add_trial", "candidate_attrs", "candidate_of", "default_worker", "display",
+           "finished_candidates", "open_storage", "open_study", "study_key", "summary_of"]

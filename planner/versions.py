@@ -65,3 +65,6 @@ def stamps() -> dict:
 
     return {"autosp": __version__, "space": SPACE_VERSION, "cost_model": cost_model_version(),
             "code": code_version()}
+
+
+__all__ = ["PRESENTATION", "code_version", "cost_model_version", "stamps"]

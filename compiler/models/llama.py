@@ -172,3 +172,7 @@ class Llama(nn.Module):
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return LlamaOutput(loss, logits)
+
+
+__all__ = ["IGNORE_INDEX", "MLP", "Attention", "DecoderLayer", "Llama", "LlamaModel", "LlamaOutput", "RMSNorm",
+           "RotaryEmbedding", "rotate_half"]

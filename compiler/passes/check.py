@@ -89,3 +89,6 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
                                        f"(built at the local length s, verified where SDPA receives it)")
             continue
         fail(f"an {s} x {s} tensor is left in the graph (an attention mask the compiler could not remove)", node)
+
+
+__all__ = ["check_pass"]

@@ -131,3 +131,8 @@ def evaluate(gm: fx.GraphModule, target: fx.Node, example_inputs) -> object:
     sub = fx.GraphModule(gm, graph)
     with torch.no_grad():
         return sub(*inputs)
+
+
+__all__ = ["ARANGE", "CE_ARGS", "CE_DEFAULTS", "CROSS_ENTROPY", "EMBEDDING", "LOG_SOFTMAX", "NLL_LOSS", "PAD", "SDPA",
+           "SDPA_ARGS", "SDPA_DEFAULTS", "ancestors", "evaluate", "example", "fail", "is_call", "is_method",
+           "normalized", "op_name", "placeholders", "set_named_args", "shape", "where"]

@@ -163,3 +163,6 @@ def loss_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     loss.replace_all_uses_with(out, delete_user_cb=lambda user: user not in skip)
     ctx.stats.losses += 1
     graph.eliminate_dead_code()
+
+
+__all__ = ["ALL_REDUCE", "loss_pass"]

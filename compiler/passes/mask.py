@@ -82,3 +82,6 @@ def mask_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         changed = True
     if changed:
         gm.graph.eliminate_dead_code()
+
+
+__all__ = ["is_causal_mask", "mask_pass"]

@@ -101,3 +101,6 @@ def _human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} GiB"
+
+
+__all__ = ["comm_dtype", "count_collective_items", "sweep_group"]

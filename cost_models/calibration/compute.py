@@ -118,3 +118,7 @@ def run_compute(device, sync, settings, tick=lambda label: None) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return results
+
+
+__all__ = ["ATTENTION_BACKWARD_FACTOR", "attention_fwd_bwd", "copy_bandwidth", "count_compute_items",
+           "linear_fwd_bwd", "matmul", "run_compute"]

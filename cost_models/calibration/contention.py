@@ -50,3 +50,6 @@ def report(before: dict, after: dict, cores: int, own_children_counted: bool = T
                 ours = (after["own_cpu"] - before["own_cpu"]) * tick
                 out["other_cpu_share"] = max(0.0, (busy - ours) / total)
     return out
+
+
+__all__ = ["report", "snapshot"]

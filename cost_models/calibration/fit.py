@@ -87,3 +87,6 @@ def fit_alpha_beta(link_bytes, seconds) -> AlphaBeta:
         raise ValueError("time does not grow with message size; cannot fit a bandwidth")
     worst = max(abs(a + b * x - t) / t for x, t in zip(xs, ts))
     return AlphaBeta(alpha=a, beta=1.0 / b, max_rel_error=worst, points=len(xs))
+
+
+__all__ = ["COLLECTIVES", "AlphaBeta", "bus_factor", "fit_alpha_beta", "median"]

@@ -193,3 +193,7 @@ def run_single(cfg: LaunchConfig) -> dict:
 def run_torchrun(env: dict, cfg: LaunchConfig) -> dict | None:
     """This process is one rank of a torchrun launch (env://); rank 0 gets the result, the others None."""
     return run_rank(env["rank"], env["world"], env["local_rank"], env["local_world"], cfg, "env://")
+
+
+__all__ = ["PG_TIMEOUT", "LaunchConfig", "WorkerFailed", "free_port", "group_sizes", "run_rank", "run_single",
+           "run_spawned", "run_torchrun", "torchrun_env"]

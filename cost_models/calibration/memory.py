@@ -92,3 +92,6 @@ def host_device_bandwidth(nbytes: int, device, sync, settings) -> dict:
     size = n * 4.0
     return {"bytes": size, "h2d": size / h2d["seconds"], "d2h": size / d2h["seconds"],
             "h2d_samples": h2d["samples"], "d2h_samples": d2h["samples"]}
+
+
+__all__ = ["gpu_memory", "host_device_bandwidth", "host_memory", "rss_bytes"]

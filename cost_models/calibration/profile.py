@@ -395,3 +395,7 @@ def _profile_rows(spec: HardwareSpec):
         ("host_bandwidth", _si(spec.host_bandwidth, "B/s")),
         ("host_memory_bytes", _gib(spec.host_memory_bytes)),
     ]
+
+
+__all__ = ["MEASUREMENTS_SCHEMA", "MEASUREMENTS_VERSION", "build_profile", "check_finite", "cpu_memory",
+           "fit_collectives", "format_summary", "measurements_path_for", "summarize_compute"]

@@ -52,3 +52,6 @@ class Progress:
         else:
             self.stream.write(f"{self.prefix}: [{self.total:>3}/{self.total}] {elapsed:5.1f}s {message}\n")
         self.stream.flush()
+
+
+__all__ = ["Progress"]

@@ -96,3 +96,6 @@ def make_settings(device: str, quick: bool, profile_dtype: str | None = None) ->
         message_sizes=_sizes(12, 28, 2) if quick else _sizes(10, 30, 1),
         warmup=2 if quick else 3, reps=5 if quick else 10, comm_reps=5 if quick else 10,
         target_seconds=0.01 if quick else 0.05)
+
+
+__all__ = ["DTYPES", "Settings", "make_settings"]

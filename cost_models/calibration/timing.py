@@ -55,3 +55,6 @@ def measure(fn, sync, settings) -> dict:
     inner = inner_count(time.perf_counter() - start, settings.target_seconds, settings.max_inner)
     samples = time_samples(fn, sync, 0, settings.reps, inner)
     return {"seconds": median(samples), "samples": samples, "inner": inner}
+
+
+__all__ = ["TORCH_DTYPES", "inner_count", "measure", "synchronizer", "time_samples"]

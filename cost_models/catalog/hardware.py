@@ -305,3 +305,7 @@ def list_hardware() -> list[HardwareSpec]:
     """One full node of every catalog accelerator (``NAMEx<devices_per_node>``)."""
     return [resolve_hardware(f"{name}x{entry['devices_per_node']}") if entry["devices_per_node"] > 1
             else resolve_hardware(name) for name, entry in _catalog().items()]
+
+
+__all__ = ["DATA_FILE", "catalog_entry", "catalog_names", "common_sources", "describe_grammar", "hardware_from_dict",
+           "hardware_from_json", "hardware_from_toml", "list_hardware", "resolve_hardware"]

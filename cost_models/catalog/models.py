@@ -175,3 +175,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
             max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path))
     except ValueError as err:
         raise UsageError(f"invalid model config {where}: {err}") from None
+
+
+__all__ = ["DATA_FILE", "GATED_FAMILIES", "QKV_BIAS_FAMILIES", "list_models", "model_from_hf_config", "preset_info",
+           "preset_names", "resolve_model"]

@@ -121,5 +121,8 @@ def main(argv=None) -> int:
     return 0
 
 
+__all__ = ["analytic_reference", "end_to_end", "main"]
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -150,3 +150,6 @@ def _config_name(path: str) -> str:
     if os.path.basename(path) == "config.json":
         path = os.path.dirname(path)
     return os.path.basename(path) or "custom"
+
+
+__all__ = ["DEFAULT_SEQ_LENS", "build_profile_for", "seq_lens_for"]

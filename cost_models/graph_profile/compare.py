@@ -123,3 +123,6 @@ def format_table(rows: list[Row], title: str = "") -> str:
         rel = "=" if r.rel == 0 else ("new" if r.rel == float("inf") else f"{100 * r.rel:+.1f}%")
         lines.append(f"{r.field:38s} {r.unit:11s} {fmt(r.graph):>16s} {fmt(r.analytic):>16s} {rel:>8s}  {r.why}")
     return "\n".join(lines)
+
+
+__all__ = ["Row", "comparison", "format_table"]

@@ -86,3 +86,6 @@ def clean(value: float, tol: float = 1e-9) -> float:
 def clean_ratio(value: float) -> float:
     """A ratio rounded to 12 significant digits (2.4999999999999996 -> 2.5)."""
     return float(f"{value:.12g}")
+
+
+__all__ = ["Fit", "clean", "clean_ratio", "fit_flops", "fit_linear"]

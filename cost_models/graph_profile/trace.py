@@ -597,3 +597,8 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
 
     del fake
     return trace
+
+
+__all__ = ["CAUSAL_ATTENTION", "FLOP_FORMULAS", "TRACE_DTYPE", "Op", "SdpaCall", "StepTrace", "Storage",
+           "decoder_stack", "factory_builder", "full_layers_of_config", "hf_builder", "load_entry_point",
+           "load_hf_config", "trace_step"]

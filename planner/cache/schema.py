@@ -130,3 +130,7 @@ class _Corrupt(Exception):
 
 class _Newer(Exception):
     pass
+
+
+__all__ = ["BUSY_TIMEOUT_S", "COLUMNS", "COLUMNS_V1", "KEY_VERSION", "SCHEMA", "PlanStore", "default_cache_location",
+           "default_cache_path", "is_url", "request_key", "row_fields", "warn_once"]

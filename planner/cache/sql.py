@@ -221,3 +221,6 @@ class SQLAlchemyPlanStore(PlanStore):
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+__all__ = ["META_TABLE", "PLANS_TABLE", "RETRIES", "SQLAlchemyPlanStore", "make_engine"]

@@ -199,3 +199,6 @@ class _transaction:
     def __exit__(self, exc_type, exc, tb):
         self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
         return False
+
+
+__all__ = ["SQLitePlanStore"]
