@@ -13,7 +13,7 @@ from autosp.cli import plan_main
 from autosp.planner.plan import load_plan
 
 REQ = ["--model", "llama-3.2-1b", "--ctx", "32k", "--hw", "h100x8"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 
 
 @pytest.fixture(scope="module")

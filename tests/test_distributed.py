@@ -98,7 +98,7 @@ def test_storage_usage_errors(tmp_path):
 
 # -- measured trials ----------------------------------------------------------------------------
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
+EXAMPLES = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()) / "docs" / "examples"
 
 
 def _tiny():

@@ -28,7 +28,7 @@ from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import model_from_hf_config
 
-TESTS = Path(__file__).resolve().parent
+TESTS = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()) / "tests"  # graph_profile_models.py
 H, F, A, KV, D, V, L = 256, 896, 8, 2, 32, 1000, 4   # Llama-3.1-8B ratios: q = h, 4 query heads per KV head, f = 3.5h
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": H, "intermediate_size": F, "num_attention_heads": A,
                 "num_key_value_heads": KV, "head_dim": D, "num_hidden_layers": L, "vocab_size": V,

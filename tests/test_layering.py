@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 FOLDERS = {"autosp": "autosp", "planner": "autosp.planner", "compiler": "autosp.compiler",
            "cost_models": "autosp.cost_models"}
 SHARED = {"autosp.errors", "autosp.version", "autosp.units", "autosp.files"}

@@ -25,7 +25,7 @@ from autosp.errors import UsageError
 from autosp.planner.api import make_plan
 from autosp.cost_models.catalog.hardware import resolve_hardware
 
-TESTS = Path(__file__).resolve().parent
+TESTS = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()) / "tests"  # graph_profile_models.py
 CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 448, "num_attention_heads": 8,
           "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3, "vocab_size": 700,
           "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,

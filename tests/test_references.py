@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 TOP = ("autosp", "planner", "compiler", "cost_models", "studies", "tests", "docs", ".ci")
 TEXT = (".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg")
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*[\w-])" % "|".join(re.escape(t) for t in TOP))
