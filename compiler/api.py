@@ -2,7 +2,7 @@
 
 The compiler reads the planner through one seam, :func:`load_plan` (the plan JSON, ``autosp.planner.plan``):
 a plan is the planner's output and the compiler's input, and nothing else of the planner is imported here or
-anywhere under ``compiler/`` (``tests/test_layering.py`` checks it). What both need besides, the DeepSpeed
+anywhere under ``compiler/`` (``tests/project/test_layering.py`` checks it). What both need besides, the DeepSpeed
 config builder and the op tables, lives in ``cost_models``.
 """
 

@@ -16,7 +16,7 @@ with ``world_size = dp x sp``, so ``train_batch_size`` counts *sequence shards*,
 
 The number of *sequences* per optimizer step is ``micro_batch x grad_accum x dp``; it is written, with
 the tokens per step and every SP knob, in the ``autosp`` section. DeepSpeed's parser ignores unknown
-top-level keys (checked against DeepSpeed 0.19.8 in tests/test_ds_config.py), so the section rides
+top-level keys (checked against DeepSpeed 0.19.8 in tests/planner/test_ds_config.py), so the section rides
 along in the same file; ``autosp-plan check`` reads it. The config deliberately has no ``sequence_parallel_size``
 key: with it (and no mpu) DeepSpeed would divide its world size by sp and reject these batch sizes.
 

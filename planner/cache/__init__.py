@@ -28,7 +28,7 @@ Robustness (never a crash, never a wrong plan):
   the request): a row that fails is a miss, is deleted, and says so once on stderr.
 - Writers upsert in short transactions (SQLite: ``BEGIN IMMEDIATE`` with a busy timeout; PostgreSQL:
   ``INSERT ... ON CONFLICT DO UPDATE``; schema set-up under an advisory lock), retried on transient
-  errors, so concurrent planners on one cache lose nothing (tests/test_cache.py, test_cache_db.py).
+  errors, so concurrent planners on one cache lose nothing (tests/planner/test_cache.py, test_cache_db.py).
 - A cache that cannot be used at all (read-only directory, database down, ...) turns itself off with
   one warning: caching never makes planning fail. A malformed URL, or one whose driver is not
   installed, is a usage error (exit 2): the user asked for that cache by name.

@@ -1,6 +1,6 @@
 """Checkpointing policies and activation offload (plan knobs ``checkpointing``, ``offload_activations``).
 
-Multi-process part (one spawned world-2 gloo job, like tests/test_compiler_exact.py): every case trains 3
+Multi-process part (one spawned world-2 gloo job, like tests/compiler/test_compiler_exact.py): every case trains 3
 steps at SP=2 through ``autosp.compile(plan=Candidate(...))`` and rank 0 compares the loss of every step,
 every gradient of the first step and every weight after the last with one process on the full sequence
 (fp32, relative 1e-5). The first step also runs under ``saved_tensors_hooks`` (compiler/saved_memory.py), so

@@ -1,7 +1,7 @@
 """MLP tiling, logits+loss tiling and the overlap schedules (plan knobs ``mlp_chunks``, ``loss_chunks``,
 ``overlap``).
 
-Multi-process part (one spawned world-2 gloo job, like tests/test_compiler_exact.py): every case trains 3
+Multi-process part (one spawned world-2 gloo job, like tests/compiler/test_compiler_exact.py): every case trains 3
 steps at SP=2 through ``autosp.compile(plan=Candidate(...))`` and rank 0 compares the loss of every step,
 every gradient of the first step and every weight after the last with one process on the full sequence
 (fp32, relative 1e-5). The cases cover: S/P not divisible by the chunk count, MLP biases, HF models,

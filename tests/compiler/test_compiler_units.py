@@ -1,6 +1,6 @@
 """The compiler's pieces in one process: input sharding, plan handling, and each FX pass on real Dynamo
 graphs (captured with a recording backend; the passes only rewrite graphs, so no process group is needed
-here; tests/test_compiler_exact.py runs the rewritten graphs on gloo)."""
+here; tests/compiler/test_compiler_exact.py runs the rewritten graphs on gloo)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
   the profile: a second plan in a fresh process reads it and never imports torch;
 - ``--model package.module:function`` (an nn.Module factory) does the same;
 - plan-cache keys include the profile fingerprint: the same ModelSpec with another profile is a miss;
-- presets keep the analytic formulas (no ``model_profile`` in the plan; tests/test_cli.py checks that
+- presets keep the analytic formulas (no ``model_profile`` in the plan; tests/planner/test_cli.py checks that
   planning a preset never imports torch).
 """
 

@@ -9,7 +9,7 @@
 - planning imports no torch, deepspeed or transformers.
 
 Run as a script it prints the package-to-package import edges and the longest file of each package:
-``.venv/bin/python tests/test_layering.py [REPO_ROOT]``.
+``.venv/bin/python tests/project/test_layering.py [REPO_ROOT]``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every file the repository cites exists in it: markdown links, and paths into the repository's own
-folders named in code, docs and configuration (``docs/design.md``, ``tests/test_packaging.py``,
+folders named in code, docs and configuration (``docs/design.md``, ``tests/project/test_packaging.py``,
 ``cost_models/memory.py``, ...). A reference to a file the repository does not contain sends a reader
 nowhere."""
 
