@@ -67,7 +67,11 @@ KEEP_CLASSES = {"selective": frozenset({"matmul", "attention", "collective"}),
 
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "_int_mm", "_scaled_mm", "convolution",
                         "linear"})
-ATTENTION_OPS = frozenset({"_flash_attention_forward", "_efficient_attention_forward", "flex_attention"})
+ATTENTION_OPS = frozenset({"_flash_attention_forward", "_efficient_attention_forward", "flex_attention",
+                           "ring_attention"})
+"""``ring_attention`` (``autosp_ops``) is attention, not a collective, although it moves key/value blocks
+between ranks: kept like SDPA (its output and log-sum-exp are saved), recomputed only under ``full``, where
+every ring rank recomputes it in the same backward order."""
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
 COLLECTIVE_WORDS = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """An op of the ``autosp_ops`` namespace whose name contains one of these is a collective (it moves data
