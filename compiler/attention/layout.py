@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from autosp.compiler.attention.pieces import Span
+from autosp.compiler.attention.pieces import Span, join_adjacent
 
 
 def pad_multiple(ulysses: int, ring: int) -> int:
@@ -54,7 +54,7 @@ def slice_spans(spans, start: int, stop: int) -> list[Span]:
         if lo < hi:
             out.append((a + lo - offset, a + hi - offset))
         offset += b - a
-    return out
+    return join_adjacent(out)
 
 
 def rank_spans(seq_len: int, ulysses: int, ring: int, sp_rank: int) -> list[Span]:

@@ -83,6 +83,17 @@ def span_pieces(q: Span, k: Span) -> list[tuple[Span, Span, bool]]:
     return out                                       # keys >= qb (if any) are seen by no query
 
 
+def join_adjacent(spans) -> list[Span]:
+    """The same rows with touching spans joined (``[(0, 4), (4, 8)]`` -> ``[(0, 8)]``): fewer, larger pieces."""
+    out: list[Span] = []
+    for a, b in spans:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
 def _offsets(spans) -> list[int]:
     out, total = [], 0
     for a, b in spans:
@@ -93,7 +104,7 @@ def _offsets(spans) -> list[int]:
 
 def attention_pieces(q_spans, k_spans) -> list[Piece]:
     """Every piece of attention between a query block and a key/value block (block-local rows)."""
-    q_spans, k_spans = [tuple(s) for s in q_spans], [tuple(s) for s in k_spans]
+    q_spans, k_spans = join_adjacent(q_spans), join_adjacent(k_spans)
     q_off, k_off = _offsets(q_spans), _offsets(k_spans)
     pieces = []
     for qs, qo in zip(q_spans, q_off):
@@ -130,4 +141,4 @@ def coalesce(pieces: list[Piece]) -> list[Piece]:
     return sorted(pieces, key=lambda p: (p.q_start, p.k_start))
 
 
-__all__ = ["Piece", "Span", "attention_pieces", "coalesce", "span_pieces"]
+__all__ = ["Piece", "Span", "attention_pieces", "coalesce", "join_adjacent", "span_pieces"]
