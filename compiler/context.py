@@ -47,7 +47,7 @@ class SPContext:
     checkpointing: str = "none"   # plan knobs applied by the partitioner (passes/checkpointing.py, offload.py)
     offload_activations: bool = False
     ring_size: int = 1            # 2-D SP: ring attention over ring_size ranks, all-to-alls over sp_size // ring_size
-    ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group); None-able only with ring_size == sp_size
+    ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring_size == sp_size)
     ring_group: str | None = None     # group of ring attention (ring_size > 1)
     stats: PassStats = field(default_factory=PassStats)
 

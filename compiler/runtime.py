@@ -148,8 +148,8 @@ class SPEngine:
         # what every forward must run around attention (ops.CALLS keys; every all-to-all, blocking or
         # started, counts as "all_to_all"): all-to-alls unless the SP group is all ring, ring attention
         # when there is a ring
-        self._attention_collectives = ([("all_to_all", "all-to-all")] if layout.ulysses > 1 or layout.ring == 1 else []) \
-            + ([("ring_attention", "ring attention")] if layout.ring > 1 else [])
+        all_to_all = [("all_to_all", "all-to-all")] if layout.ulysses > 1 or layout.ring == 1 else []
+        self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if layout.ring > 1 else [])
         self._window = _sliding_window(ds_engine.module)
 
     # -- accessors --------------------------------------------------------------------------------
@@ -239,8 +239,8 @@ class SPEngine:
         missing = [label for name, label in self._attention_collectives
                    if ops.CALLS[name] - before.get(name, 0) == 0]
         if missing:
-            raise UsageError(f"no attention found: no {' and no '.join(missing)} ran in the forward; the model must call "
-                             "torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
+            raise UsageError(f"no attention found: no {' and no '.join(missing)} ran in the forward; the model must "
+                             "call torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
                              "attn_implementation='sdpa')")
         return _extract_loss(out)
 

@@ -61,10 +61,10 @@ EXACT = {
                                 dict(plan=dict(sp=4, ring=2, zero_stage=3, micro_batch=2), ds_config=Z3)),
     # every knob at once with U 2 x R 2: selective checkpointing + activation offload, MLP and loss tiling,
     # K/V all-to-alls overlapped
-    "u2r2_selective_offload_mlp2_loss3_kv_async": (reference_llama, dict(seq=30),
-                                                   dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="selective",
-                                                                  offload_activations=True, mlp_chunks=2,
-                                                                  loss_chunks=3, overlap="kv_async"))),
+    "u2r2_selective_offload_mlp2_loss3_kv_async": (
+        reference_llama, dict(seq=30),
+        dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="selective", offload_activations=True, mlp_chunks=2,
+                       loss_chunks=3, overlap="kv_async"))),
     # full checkpointing (ring attention recomputed in the backward) with the head pipeline (one ring per group)
     "u2r2_full_head_pipeline": (lambda: reference_llama(n_kv=2, n_heads=8), dict(seq=32),
                                 dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="full",
