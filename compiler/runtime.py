@@ -21,9 +21,9 @@ Safety nets that turn silent wrong results into errors:
 - during the call, ``torch.nn.functional.scaled_dot_product_attention`` is replaced by a wrapper that
   refuses to run outside compiled code: attention that escaped the SP graph (an eager fallback after a
   graph break or a recompile limit) would attend over the local shard only;
-- the custom ops count their calls: each forward must run the loss all-reduce exactly once and at least
-  one attention collective: an all-to-all, or with pure ring attention (no Ulysses ranks) a ring
-  attention op.
+- the custom ops count their calls: each forward must run the loss all-reduce exactly once, at least one
+  all-to-all (unless the SP group is all ring: no Ulysses ranks) and, with a ring, at least one ring
+  attention.
 
 ZeRO-3. DeepSpeed's ZeRO-3 gathers parameters in module hooks that are ``torch.compiler.disable``d, so
 Dynamo breaks the graph around every module that owns parameters. The engine (1) marks the repeated
