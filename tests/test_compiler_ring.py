@@ -17,8 +17,9 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from test_compiler_exact import BF16_TOL, TOL, Z3, hf_model, make_batches, reference_llama, sgd  # noqa: E402
+from test_compiler_exact import BF16_TOL, TOL, VOCAB, Z3, hf_model, make_batches, reference_llama, sgd  # noqa: E402
 
 SHAPES_SEQ = 48  # sequence of the shape-checked cases: s = 12 per rank, blocks of 12 / 24, S = 48 (no model dim)
 
@@ -79,6 +80,29 @@ BF16 = {
                         dict(plan=dict(sp=4, ring=2, micro_batch=2, zero_stage=2), dtype="bf16")),
 }
 
+class NoAttentionLM(torch.nn.Module):
+    """Embedding, LM head and loss: a causal LM with no attention for the compiler to find."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.head = torch.nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.embed(input_ids))
+        return F.cross_entropy(logits[..., :-1, :].reshape(-1, VOCAB), labels[..., 1:].reshape(-1))
+
+
+# name -> (model factory, batch kwargs, compile kwargs, expected message fragment)
+ERRORS = {
+    # under ZeRO-3 the graphs are fragments and the check pass cannot insist on attention in each: the
+    # runtime's safety net must, and for a pure ring look for ring attention (there is no all-to-all)
+    "no_attention_zero3_pure_ring": (NoAttentionLM, dict(seq=32, steps=1),
+                                     dict(plan=dict(sp=4, ring=4, zero_stage=3, micro_batch=2), ds_config=Z3),
+                                     "no attention found: no ring attention ran in the forward"),
+}
+
 
 def _record_joint_graph_shapes(shapes: list):
     """Record the shape of every tensor in every joint graph the autosp partitioner receives (this process)."""
@@ -102,6 +126,14 @@ def run_cases(rank, world, names):
     from autosp.cost_models.specs import Candidate
 
     def run_one(name):
+        if name in ERRORS:
+            factory, batch_kw, compile_kw, _ = ERRORS[name]
+            compile_kw = {"backend": "aot_eager", **compile_kw, "plan": Candidate(**compile_kw["plan"])}
+            try:
+                testing.sp_run(factory(), _batches(**batch_kw), sgd, **compile_kw)
+                return {"raised": None}
+            except Exception as err:  # noqa: BLE001 - recorded and checked by the test
+                return {"raised": f"{type(err).__name__}: {err}"}
         factory, batch_kw, compile_kw = EXACT.get(name) or BF16[name]
         compile_kw = {"backend": "aot_eager", **compile_kw}
         if isinstance(compile_kw.get("plan"), dict):
@@ -130,7 +162,7 @@ def run_cases(rank, world, names):
 def world4():
     from autosp.compiler import testing
 
-    return testing.spawn(run_cases, 4, list(EXACT) + list(BF16))
+    return testing.spawn(run_cases, 4, list(EXACT) + list(BF16) + list(ERRORS))
 
 
 def _ok(world4, name):
@@ -174,6 +206,14 @@ def test_no_sequence_by_sequence_tensor_in_the_compiled_graphs(world4, name):
     assert any(sum(d in sequence_sizes for d in shape) == 1 and len(shape) == 4 for shape in shapes)
     square = [shape for shape in shapes if sum(d in sequence_sizes for d in shape) >= 2]
     assert not square, square
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_ring_clear_error(world4, name):
+    raised = _ok(world4, name)["raised"]
+    assert raised is not None and raised.startswith("UsageError: ") and "\n" not in raised, raised
+    assert ERRORS[name][3] in raised, raised
 
 
 # --- autosp-train and the measured-trials runner on a 2-D plan ----------------------------------------------
