@@ -27,10 +27,11 @@ def load_plan(path):
 
 
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                      grad_accum=None, offload_optimizer=None) -> tuple[Candidate, object]:
+                      grad_accum=None, offload_optimizer=None, ring_size=None) -> tuple[Candidate, object]:
     """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
     overrides = {k: v for k, v in (("dp", dp_size), ("zero_stage", zero_stage), ("micro_batch", micro_batch),
-                                   ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer))
+                                   ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer),
+                                   ("ring", ring_size))
                  if v is not None}
     source = None
     if plan is not None:
@@ -61,6 +62,7 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
         except ValueError as err:
             raise UsageError(str(err)) from None
     _refuse_unbuilt_knobs(candidate)
+    _refuse_impossible_combinations(candidate)
     return candidate, source
 
 
@@ -68,10 +70,17 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
     """Knobs the plan schema carries that this compiler cannot build yet: refuse rather than ignore them
     (a knob the compiler ignores makes the planner lie)."""
     unbuilt = [f"{name}={getattr(candidate, name)}" for name, off in
-               (("ring", 1), ("sequence_chunks", 1), ("offload_chunks", False), ("offload_param", False))
+               (("sequence_chunks", 1), ("offload_chunks", False), ("offload_param", False))
                if getattr(candidate, name) != off]
     if unbuilt:
         raise UsageError(f"this autosp cannot compile {', '.join(unbuilt)} yet; re-plan without it")
+
+
+def _refuse_impossible_combinations(candidate: Candidate) -> None:
+    """Knob combinations that mean nothing in the compiled graph (the planner must not emit them)."""
+    if candidate.overlap != "none" and candidate.ring > 1 and candidate.ulysses == 1:
+        raise UsageError(f"overlap={candidate.overlap} overlaps the Ulysses all-to-alls, and ring={candidate.ring} = "
+                         f"sp leaves none (ring attention always overlaps its own transfers); use overlap=none")
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -132,7 +141,7 @@ def _keep_zero3_hooks_eager(model) -> None:
                     hooks[key] = wrapped
 
 
-def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
+def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=None, zero_stage=None, micro_batch=None,
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
@@ -143,8 +152,12 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
         model: an unmodified causal LM (``nn.Module``) whose ``forward(input_ids=..., labels=...)`` computes
             the loss with ``F.cross_entropy`` and attention with ``F.scaled_dot_product_attention``.
         plan: a plan file path, a :class:`~autosp.planner.plan.Plan` or a
-            :class:`~autosp.cost_models.specs.Candidate`; or give ``sp_size`` (and optionally ``dp_size``,
-            ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a hand-made plan.
+            :class:`~autosp.cost_models.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
+            ``dp_size``, ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a
+            hand-made plan.
+        ring_size: 2-D sequence parallelism: the SP group of ``sp_size`` = U x R ranks runs Ulysses all-to-alls
+            over U = sp_size / ring_size ranks and ring attention over R = ring_size ranks (default 1: plain
+            Ulysses; ``ring_size=sp_size``: pure ring attention). A plan carries it as its candidate's ``ring``.
             ``micro_batch`` sequences per DP rank per call (the full batch every rank passes is dp x
             micro_batch sequences); ``grad_accum`` calls per optimizer step (DeepSpeed accumulates and
             steps at the boundary; each call's loss is that micro-batch's exact global mean).
@@ -184,14 +197,14 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
         deepspeed.init_distributed(dist_backend=dist_backend)
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
-                                               offload_optimizer=offload_optimizer)
+                                               offload_optimizer=offload_optimizer, ring_size=ring_size)
 
     from autosp.compiler.backend import make_backend
     from autosp.compiler.context import SPContext
     from autosp.compiler.groups import make_layout
     from autosp.compiler.runtime import SPEngine
 
-    layout = make_layout(candidate.sp, candidate.dp)
+    layout = make_layout(candidate.sp, candidate.dp, candidate.ring)
     config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
 
     if candidate.zero_stage == 3:
@@ -223,7 +236,10 @@ def compile_model(model, plan=None, sp_size=None, *, dp_size=None, zero_stage=No
     ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
                     world_group=layout.world_group.group_name, grad_world_size=ds_engine.dp_world_size,
                     ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
-                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap)
+                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap,
+                    ring_size=candidate.ring,
+                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
+                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the

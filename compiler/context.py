@@ -46,8 +46,32 @@ class SPContext:
     overlap: str = "none"
     checkpointing: str = "none"   # plan knobs applied by the partitioner (passes/checkpointing.py, offload.py)
     offload_activations: bool = False
+    ring_size: int = 1            # 2-D SP: ring attention over ring_size ranks, all-to-alls over sp_size // ring_size
+    ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring_size == sp_size)
+    ring_group: str | None = None     # group of ring attention (ring_size > 1)
     stats: PassStats = field(default_factory=PassStats)
 
+    def __post_init__(self):
+        if self.ulysses_group is None and self.ring_size == 1:
+            self.ulysses_group = self.sp_group
+
     @property
-    def position_offset(self) -> int:
-        return self.sp_rank * self.local_len
+    def ulysses_size(self) -> int:
+        return self.sp_size // self.ring_size
+
+    @property
+    def spans(self) -> list:
+        """The global token spans this rank holds, in the order of its rows (:mod:`.attention.layout`: one
+        contiguous chunk without a ring, zigzag chunks with one)."""
+        if self.ring_size == 1:
+            return [(self.sp_rank * self.local_len, (self.sp_rank + 1) * self.local_len)]
+        from autosp.compiler.attention.layout import rank_spans
+
+        return rank_spans(self.global_len, self.ulysses_size, self.ring_size, self.sp_rank)
+
+    @property
+    def ring_ranges(self) -> list[int]:
+        """Every ring position's spans, flattened: what ``autosp_ops::ring_attention`` is given."""
+        from autosp.compiler.attention.layout import flat_ranges
+
+        return flat_ranges(self.global_len, self.ring_size)

@@ -8,11 +8,13 @@ Every rank receives the full batch. :func:`shard_batch` turns it into this rank'
    documents (a mask with holes, ``position_ids`` that do not count up by one) are errors;
 2. take this DP rank's rows;
 3. shift the labels by one over the *full* sequence (the last position gets ``ignore_index``);
-4. pad S up to a multiple of P (and of ``pad_to_multiple_of``) with pad tokens whose labels are
-   ignored; never truncate;
-5. slice this SP rank's contiguous chunk ``[r*s, (r+1)*s)`` of input ids, shifted labels and position
-   ids. Every returned tensor is a fresh, contiguous tensor (Dynamo would merge an input passed twice,
-   e.g. ``labels is input_ids``).
+4. pad S up to a multiple of P (with a ring of R > 1 ranks: of P and 2R) and of ``pad_to_multiple_of``
+   with pad tokens whose labels are ignored; never truncate;
+5. take this SP rank's tokens of input ids, shifted labels and position ids: the contiguous chunk
+   ``[r*s, (r+1)*s)`` (Ulysses), or with a ring its zigzag share (:mod:`autosp.compiler.attention.layout`:
+   ring position r holds chunks r and 2R-1-r of 2R, split over its U Ulysses ranks), labels and positions
+   permuted with the tokens. Every returned tensor is a fresh, contiguous tensor (Dynamo would merge an
+   input passed twice, e.g. ``labels is input_ids``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from autosp.compiler.attention.layout import pad_multiple, rank_spans, span_index
 from autosp.errors import UsageError
 
 
@@ -34,6 +37,7 @@ class LocalBatch:
     local_len: int         # S / P
     seq_len: int           # S as given
     n_valid: int           # valid targets in this DP rank's rows (all SP shards together)
+    spans: list            # the global token spans this rank holds, in order
 
 
 def _check_attention_mask(mask: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> None:
@@ -73,7 +77,7 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 ignore_index: int = -100, pad_token_id: int = 0, pad_to_multiple_of: int = 1,
                 micro_batch: int | None = None, make_position_ids: bool = False,
-                device: torch.device | str | None = None) -> LocalBatch:
+                device: torch.device | str | None = None, ring: int = 1) -> LocalBatch:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise UsageError("input_ids must be a [batch, seq] tensor")
     if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
@@ -98,7 +102,10 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
     shifted = torch.full_like(lab, ignore_index)
     shifted[:, :-1] = lab[:, 1:]
 
-    multiple = sp * pad_to_multiple_of // math.gcd(sp, pad_to_multiple_of)
+    if ring < 1 or sp % ring:
+        raise UsageError(f"ring={ring} must divide sp={sp}")
+    shard_multiple = pad_multiple(sp // ring, ring)
+    multiple = shard_multiple * pad_to_multiple_of // math.gcd(shard_multiple, pad_to_multiple_of)
     total = -(-seq // multiple) * multiple
     extra = total - seq
     if extra:
@@ -108,10 +115,14 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
             pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, extra + 1, device=pos.device)], dim=1)
 
     local = total // sp
-    chunk = slice(sp_rank * local, (sp_rank + 1) * local)
+    spans = rank_spans(total, sp // ring, ring, sp_rank)
+    if len(spans) == 1:
+        chunk = slice(*spans[0])
+    else:
+        chunk = span_index(spans, device=ids.device)
 
     def take(t):
         return None if t is None else t[:, chunk].to(device=device).contiguous().clone()
 
     return LocalBatch(input_ids=take(ids), labels=take(shifted), position_ids=take(pos), global_len=total,
-                      local_len=local, seq_len=seq, n_valid=int((shifted != ignore_index).sum()))
+                      local_len=local, seq_len=seq, n_valid=int((shifted != ignore_index).sum()), spans=spans)

@@ -21,8 +21,9 @@ Safety nets that turn silent wrong results into errors:
 - during the call, ``torch.nn.functional.scaled_dot_product_attention`` is replaced by a wrapper that
   refuses to run outside compiled code: attention that escaped the SP graph (an eager fallback after a
   graph break or a recompile limit) would attend over the local shard only;
-- the custom ops count their calls: each forward must run the loss all-reduce exactly once and at least
-  one all-to-all.
+- the custom ops count their calls: each forward must run the loss all-reduce exactly once, at least one
+  all-to-all (unless the SP group is all ring: no Ulysses ranks) and, with a ring, at least one ring
+  attention.
 
 ZeRO-3. DeepSpeed's ZeRO-3 gathers parameters in module hooks that are ``torch.compiler.disable``d, so
 Dynamo breaks the graph around every module that owns parameters. The engine (1) marks the repeated
@@ -143,6 +144,12 @@ class SPEngine:
         params = inspect.signature(ds_engine.module.forward).parameters
         self._accepts_position_ids = "position_ids" in params
         self._accepts_use_cache = "use_cache" in params
+        self._accepts_attention_mask = "attention_mask" in params
+        # what every forward must run around attention (ops.CALLS keys; every all-to-all, blocking or
+        # started, counts as "all_to_all"): all-to-alls unless the SP group is all ring, ring attention
+        # when there is a ring
+        all_to_all = [("all_to_all", "all-to-all")] if layout.ulysses > 1 or layout.ring == 1 else []
+        self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if layout.ring > 1 else [])
         self._window = _sliding_window(ds_engine.module)
 
     # -- accessors --------------------------------------------------------------------------------
@@ -184,7 +191,7 @@ class SPEngine:
                            dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
                            ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
                            pad_to_multiple_of=self.pad_to_multiple_of, micro_batch=self.candidate.micro_batch,
-                           make_position_ids=make_positions, device=self.device)
+                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring)
 
     def __call__(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
         if input_ids is None or labels is None:
@@ -200,6 +207,12 @@ class SPEngine:
         inputs = {"input_ids": batch.input_ids, "labels": batch.labels}
         if batch.position_ids is not None:
             inputs["position_ids"] = batch.position_ids
+            if len(batch.spans) > 1 and self._accepts_attention_mask:
+                # A zigzag shard's positions jump once; without an attention_mask Hugging Face reads a jump
+                # in position_ids as packed documents and builds a block-diagonal mask. An all-ones padding
+                # mask says "one sequence per row": the mask is then the plain causal one over the rank's
+                # rows (which are in increasing order), verified and removed by the mask pass.
+                inputs["attention_mask"] = torch.ones_like(batch.input_ids)
         if self._accepts_use_cache and "use_cache" not in kwargs:
             inputs["use_cache"] = False
         before = dict(ops.CALLS)
@@ -220,13 +233,14 @@ class SPEngine:
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
             raise UsageError(_graph_break_message(err)) from None
         losses = ops.CALLS["all_reduce_sum"] - before.get("all_reduce_sum", 0)
-        a2a = ops.CALLS["all_to_all"] - before.get("all_to_all", 0)
         if losses != 1:
             raise UsageError(f"the compiled graph computed the global loss {losses} times in one forward (expected "
                              f"once): the loss ran outside the compiled graph or more than one loss was found")
-        if a2a == 0:
-            raise UsageError("no attention found: no all-to-all ran in the forward; the model must call "
-                             "torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
+        missing = [label for name, label in self._attention_collectives
+                   if ops.CALLS[name] - before.get(name, 0) == 0]
+        if missing:
+            raise UsageError(f"no attention found: no {' and no '.join(missing)} ran in the forward; the model must "
+                             "call torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
                              "attn_implementation='sdpa')")
         return _extract_loss(out)
 

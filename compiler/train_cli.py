@@ -22,8 +22,9 @@ tensor) or ``.bin`` (raw uint16 tokens, the nanoGPT format; ``--data-dtype`` for
 takes dp x micro_batch windows of ``--ctx`` tokens at seeded random offsets; every rank reads the same
 full batch and the engine keeps its shard. Labels are the input ids (the model shifts them).
 
-The plan's SP degree, DP degree, ZeRO stage, micro-batch, gradient accumulation and optimizer offload are
-applied; ``--sp`` (and ``--zero``, ``--micro-batch``, ``--grad-accum``) make a plan by hand. Output: one
+The plan's SP degree (Ulysses x ring), DP degree, ZeRO stage, micro-batch, gradient accumulation and optimizer
+offload are applied; ``--sp`` (and ``--ring``, ``--zero``, ``--micro-batch``, ``--grad-accum``) make a plan by
+hand. Output: one
 line per optimizer step on rank 0 (``--log-json`` also writes them as JSON lines).
 """
 
@@ -42,7 +43,7 @@ from autosp.errors import UsageError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autosp-train",
-        description="Train a causal LM sequence-parallel (Ulysses) under DeepSpeed, as a plan says. Launch one "
+        description="Train a causal LM sequence-parallel (Ulysses x Ring) under DeepSpeed, as a plan says. Launch one "
                     "process per device with torchrun or the deepspeed launcher.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         what.add_argument(flag, type=int, dest=field, help=f"override the preset's {field}")
     plan = parser.add_argument_group("hand-made plan (without --plan)")
     plan.add_argument("--sp", type=int, help="sequence-parallel degree; dp = processes / sp")
+    plan.add_argument("--ring", type=int, help="ring attention ranks inside the SP group (must divide --sp; Ulysses "
+                                               "all-to-alls over sp / ring ranks; default 1, --ring = --sp: pure ring)")
     plan.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default 0)")
     plan.add_argument("--micro-batch", type=int, help="sequences per data-parallel rank per micro-step (default 1)")
     plan.add_argument("--grad-accum", type=int, help="micro-steps per optimizer step (default 1)")
@@ -210,6 +213,8 @@ def main(argv=None) -> int:
     plan = load_plan(args.plan) if args.plan else None
     if plan is None and args.sp is None:
         raise UsageError("give --plan or --sp")
+    if plan is not None and args.ring is not None and args.ring != plan.candidate.ring:
+        raise UsageError(f"--ring {args.ring} contradicts the plan's ring={plan.candidate.ring}")
     seq = parse_ctx(args.ctx) if args.ctx else (plan.workload.seq_len if plan is not None else None)
     if seq is None:
         raise UsageError("give --ctx (the sequence length)")
@@ -232,7 +237,7 @@ def main(argv=None) -> int:
     dtype = args.dtype or (plan.workload.dtype if plan is not None else ("bf16" if cuda else "fp32"))
     options = dict(dtype=dtype, backend=args.backend, lr=args.lr)
     if plan is None:
-        options.update(sp_size=args.sp, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
+        options.update(sp_size=args.sp, ring_size=args.ring, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
                        grad_accum=args.grad_accum)
     engine = compile_model(model, plan=plan, **options)
     c = engine.candidate

@@ -1,4 +1,14 @@
-"""Attention pass: Ulysses all-to-alls around every ``scaled_dot_product_attention``.
+"""Attention pass: Ulysses all-to-alls around every ``scaled_dot_product_attention``, and ring attention
+inside them when the SP group has a ring.
+
+2-D SP (``ctx.ring_size`` R > 1, :mod:`autosp.compiler.groups`): the all-to-alls below run over the U =
+P / R ranks of the Ulysses group (P replaced by U everywhere below), after which every rank of a ring
+position holds that position's 2S/2R zigzag tokens (:mod:`autosp.compiler.attention.layout`) for H/U
+heads; each SDPA, whichever schedule built it, then becomes ``autosp_ops::ring_attention`` over the ring
+group (:mod:`autosp.compiler.attention.ring`), which passes the key/value blocks around the ring and
+merges the partial results by log-sum-exp. With U = 1 (pure ring) there is no all-to-all: the SDPA's
+k and v are the model's n_kv heads (``repeat_kv`` peeled as below) and the ring op does grouped-query
+attention itself. Head counts need only divide by U, so P may exceed the number of heads.
 
 Each rank holds s = S/P tokens of every head. Before attention, ``autosp_ops::all_to_all`` turns q, k and v
 from [B, H, s, d] (sequence-sharded) into [B, H/P, S, d] (head-sharded): every rank now sees the whole
@@ -51,6 +61,7 @@ import torch
 from torch import fx
 
 from autosp.compiler import ops
+from autosp.compiler.attention import ring as _ring_ops  # noqa: F401  (registers autosp_ops::ring_attention)
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.common import (
     SDPA,
@@ -69,6 +80,7 @@ from autosp.cost_models.step_time import HEAD_PIPELINE_CHUNKS
 A2A = torch.ops.autosp_ops.all_to_all.default
 A2A_START = torch.ops.autosp_ops.all_to_all_start.default
 A2A_WAIT = torch.ops.autosp_ops.all_to_all_wait.default
+RING = torch.ops.autosp_ops.ring_attention.default
 
 
 def _peel_repeat_kv(node: fx.Node):
@@ -112,7 +124,9 @@ def _peel_repeat_kv(node: fx.Node):
 
 
 def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    graph, p, group = gm.graph, ctx.sp_size, ctx.sp_group
+    graph, p, group = gm.graph, ctx.ulysses_size, ctx.ulysses_group
+    ranks = "sequence-parallel ranks" if ctx.ring_size == 1 else "Ulysses ranks (sp_size / ring_size)"
+    ulysses = ctx.ring_size == 1 or p > 1
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
             continue
@@ -128,7 +142,7 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             fail(f"attention over {seq} tokens where this rank holds {ctx.local_len}: the sequence dimension "
                  f"of SDPA's inputs is not the model's sequence", node)
         if n_heads % p:
-            fail(f"{n_heads} query heads do not divide over {p} sequence-parallel ranks", node)
+            fail(f"{n_heads} query heads do not divide over {p} {ranks}", node)
         k_src, k_rep = _peel_repeat_kv(k)
         v_src, v_rep = _peel_repeat_kv(v)
         if shape(k_src)[1] != shape(v_src)[1]:  # only one of them was recognisably repeated
@@ -136,12 +150,16 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         n_kv = shape(k_src)[1]
         if n_heads % n_kv:
             fail(f"{n_heads} query heads are not a multiple of {n_kv} key/value heads", node)
+        if not ulysses:  # pure ring: k/v keep their n_kv heads, the ring op does grouped-query attention
+            set_named_args(node, SDPA_ARGS, key=k_src, value=v_src, enable_gqa=n_kv != n_heads)
+            ctx.stats.attention += 1
+            continue
         if n_kv % p == 0:
             replicate = 1
         elif p % n_kv == 0:
             replicate = p // n_kv
         else:
-            fail(f"{n_kv} key/value heads are incompatible with {p} sequence-parallel ranks (need "
+            fail(f"{n_kv} key/value heads are incompatible with {p} {ranks} (need "
                  f"n_kv % P == 0 or P % n_kv == 0)", node)
         local_q_heads, local_kv_heads = n_heads // p, n_kv * replicate // p
         plan = _Layer(graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads)
@@ -154,7 +172,28 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         if ctx.overlap != "none":
             ctx.stats.attention_overlapped += 1
         ctx.stats.attention += 1
+    if ctx.ring_size > 1:
+        for node in [n for n in graph.nodes if is_call(n, SDPA)]:
+            _ring_attention(graph, node, ctx)
     graph.eliminate_dead_code()
+
+
+def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
+    """Replace a (rewired, mask-free, causal) SDPA by ring attention over the ring group."""
+    args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
+    if args["dropout_p"] not in (0, 0.0):
+        fail("attention dropout is not supported with ring attention (ring_size > 1): set the model's attention "
+             "dropout to 0", node)
+    with graph.inserting_before(node):
+        ring = graph.call_function(RING, (args["query"], args["key"], args["value"], args["scale"], ctx.ring_group,
+                                          ctx.ring_ranges))
+        out = graph.call_function(operator.getitem, (ring, 0))
+    for new in (ring, out):
+        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
+                                                                      "autosp_head_group")})
+    ring.meta["autosp_ring"] = True
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
 
 
 class _Layer:
@@ -416,4 +455,16 @@ def wrapped(node: fx.Node) -> bool:
     return inputs_ok and bool(node.users) and all(is_call(u, {A2A, A2A_START}) for u in node.users)
 
 
-__all__ = ["attention_pass", "wrapped", "ops"]
+def ring_wrapped(node: fx.Node, ulysses: bool) -> bool:
+    """Is this ring attention call's output used (through its ``[0]``), and with Ulysses ranks are its q, k,
+    v and its output all-to-alls (blocking, or a start/wait pair)?"""
+    outs = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0]
+    if not outs or not all(o.users for o in outs):
+        return False
+    if not ulysses:
+        return True
+    inputs_ok = all(isinstance(a, fx.Node) and is_call(a, {A2A, A2A_WAIT}) for a in node.args[:3])
+    return inputs_ok and all(is_call(u, {A2A, A2A_START}) for o in outs for u in o.users)
+
+
+__all__ = ["RING", "attention_pass", "ring_wrapped", "wrapped", "ops"]

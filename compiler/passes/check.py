@@ -1,7 +1,9 @@
 """Check pass: prove the rewritten graph has the SP shape, or say exactly what is wrong.
 
 - every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp_ops::all_to_all`` and hands its
-  output to one, with no mask and ``is_causal=True``;
+  output to one, with no mask and ``is_causal=True``; with a ring (``ring_size`` > 1) no SDPA is left:
+  each is an ``autosp_ops::ring_attention`` whose output is used, wrapped the same way when there are
+  Ulysses ranks;
 - no s x s mask is left (a tensor computed from booleans, not from the weights: a mask the mask pass
   did not remove), and no matmul of two activations produces one (attention computed by hand instead of by
   SDPA: the all-to-alls would never see it);
@@ -11,7 +13,8 @@
 Under ZeRO-3 the module hooks split the model into many graphs; a graph without attention that builds a
 mask and hands it over a graph break cannot see its consumer, so that case is a note, not an error (the
 consumer's SDPA verifies the mask it receives; the mask is built at the local length s, never at S). The runtime's per-forward op counters close the remaining gap: the loss
-all-reduce must run exactly once and the all-to-alls at least once per forward.
+all-reduce must run exactly once, and the all-to-alls (and ring attention, with a ring) at least once per
+forward.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from torch import fx
 
 from autosp.compiler.context import SPContext
-from autosp.compiler.passes.attention import wrapped
+from autosp.compiler.passes.attention import RING, ring_wrapped, wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
 from autosp.cost_models.op_classes import is_matmul
 
@@ -51,12 +54,18 @@ def _descendants(gm: fx.GraphModule, roots: set) -> set:
 def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     s = ctx.local_len
     sdpa = [n for n in gm.graph.nodes if is_call(n, SDPA)]
+    rings = [n for n in gm.graph.nodes if is_call(n, {RING})]
     for node in sdpa:
+        if ctx.ring_size > 1:
+            fail("internal: attention left without ring attention", node)
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if not wrapped(node) or args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention left without its all-to-alls", node)
+    for node in rings:
+        if not ring_wrapped(node, ulysses=ctx.ulysses_size > 1):
+            fail("internal: ring attention left without its all-to-alls", node)
     if not ctx.fragments:
-        if not sdpa:
+        if not sdpa and not rings:
             fail("no attention found: the model must call torch.nn.functional.scaled_dot_product_attention "
                  "(for Hugging Face models load them with attn_implementation='sdpa')")
     params = _param_placeholders(gm, example_inputs)
@@ -82,7 +91,7 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             continue
         if value.dtype != torch.bool and node not in from_bools:
             continue  # e.g. a rotary table whose head_dim happens to equal s
-        if ctx.fragments and not sdpa:  # a mask built here and handed over a graph break
+        if ctx.fragments and not sdpa and not rings:  # a mask built here and handed over a graph break
             if not noted:
                 noted = True
                 ctx.stats.notes.append(f"a {s} x {s} mask is built at {where(node)} and crosses a graph break "

@@ -2,8 +2,12 @@
 
 A model that builds its own ``position_ids`` does it from the sequence length it sees:
 ``torch.arange(s)`` (HF: ``arange(inputs_embeds.shape[1]) + past_seen_tokens``). Traced at the local
-length, every rank would then use positions 0..s-1. This pass finds those aranges and adds
-``sp_rank * s`` to them, so rank r uses positions r*s .. (r+1)*s-1, as one process on the full sequence.
+length, every rank would then use positions 0..s-1. This pass finds those aranges and gives them the
+global positions of the tokens the rank holds (``ctx.spans``): plain Ulysses adds ``sp_rank * s``, so rank
+r uses positions r*s .. (r+1)*s-1, as one process on the full sequence; with a ring the rank holds zigzag
+chunks (one jump in its rows, :mod:`autosp.compiler.attention.layout`) and row i gets
+``i + offset_0 + sum_k (i >= start_k) * (offset_k - offset_{k-1})``, where span k begins at row start_k
+and ``offset_k`` is its global start minus start_k (elementwise, from the arange itself: no new input).
 
 An arange counts as a position only if it has the local length *and* its value flows into a rotary
 computation (``cos``/``sin``) or a position-embedding lookup (the indices of ``F.embedding``). Value
@@ -26,7 +30,7 @@ import torch
 from torch import fx
 
 from autosp.compiler.context import SPContext
-from autosp.compiler.passes.common import ARANGE, EMBEDDING, fail, is_call, is_method
+from autosp.compiler.passes.common import ARANGE, EMBEDDING, ancestors, fail, is_call, is_method
 
 _SHAPE_ONLY_METHODS = {"new_ones", "new_zeros", "new_empty", "new_full", "size", "dim", "numel"}
 _SHAPE_ONLY_FUNCTIONS = {torch.ones_like, torch.zeros_like, torch.empty_like, torch.full_like}
@@ -83,8 +87,22 @@ def _classify(arange: fx.Node) -> str:
     return "escapes" if escapes else "internal"
 
 
+def _global_positions(graph: fx.Graph, node: fx.Node, spans) -> fx.Node:
+    """Nodes after ``node`` (local rows 0..s-1) computing the global position of each row."""
+    starts, offsets, row = [], [], 0
+    for a, b in spans:
+        starts.append(row)
+        offsets.append(a - row)
+        row += b - a
+    out = graph.call_function(operator.add, (node, offsets[0]))
+    for start, previous, offset in zip(starts[1:], offsets, offsets[1:]):
+        after = graph.call_function(operator.ge, (node, start))
+        out = graph.call_function(operator.add, (out, graph.call_function(operator.mul, (after, offset - previous))))
+    return out
+
+
 def position_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    offset = ctx.position_offset
+    spans = ctx.spans
     for node in list(gm.graph.nodes):
         if not is_call(node, ARANGE) or _arange_length(node) != ctx.local_len:
             continue
@@ -96,8 +114,12 @@ def position_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         if kind != "position":
             continue
         ctx.stats.positions_offset += 1
-        if offset == 0:
+        if len(spans) == 1 and spans[0][0] == 0:
             continue
-        with gm.graph.inserting_after(node):
-            shifted = gm.graph.call_function(operator.add, (node, offset))
-        node.replace_all_uses_with(shifted, delete_user_cb=lambda user: user is not shifted)
+        if len(spans) > 1 and node.args and len(node.args) >= 2 and node.args[0] != 0:
+            fail("the model's positions start at a non-zero arange; with ring attention's zigzag sharding autosp "
+                 "needs arange(0, s) or position_ids", node)
+        with gm.graph.inserting_before(node.next):  # keeps the new nodes in program order
+            shifted = _global_positions(gm.graph, node, spans)
+        new_nodes = set(ancestors(shifted)) | {shifted}
+        node.replace_all_uses_with(shifted, delete_user_cb=lambda user: user not in new_nodes)

@@ -17,6 +17,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="ModelSpec as JSON (default: a tiny 2-layer Llama)")
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--sp", type=int, default=2)
+    p.add_argument("--ring", type=int, default=1, help="ring attention ranks inside the SP group (divides --sp)")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     p.add_argument("--ckpt", default="none", choices=CHECKPOINTING_POLICIES)
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     from studies.measure import RunConfig, measure
 
     spec = ModelSpec(**(json.loads(args.model) if args.model else TINY))
-    cfg = RunConfig(model=spec, seq_len=args.seq, sp=args.sp, dp=args.dp, zero_stage=args.zero,
+    cfg = RunConfig(model=spec, seq_len=args.seq, sp=args.sp, ring=args.ring, dp=args.dp, zero_stage=args.zero,
                     checkpointing=args.ckpt, mlp_chunks=args.mlp_chunks, loss_chunks=args.loss_chunks,
                     offload_activations=args.offload_activations, overlap=args.overlap,
                     offload_optimizer=args.offload_optimizer, dtype=args.dtype, warmup=args.warmup,

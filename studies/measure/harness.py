@@ -48,6 +48,7 @@ class RunConfig:
     seq_len: int
     sp: int
     dp: int = 1
+    ring: int = 1                    # ring attention ranks inside the SP group (Ulysses x ring)
     zero_stage: int = 0
     checkpointing: str = "none"
     mlp_chunks: int = 1
@@ -70,8 +71,9 @@ class RunConfig:
         return self.sp * self.dp
 
     def candidate(self) -> Candidate:
-        # the knob fields carry Candidate's names (one to one); the row stays flat for the studies' JSON
-        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate)})
+        # the knob fields carry Candidate's names (one to one); the row stays flat for the studies' JSON.
+        # Candidate fields the harness does not carry keep their defaults.
+        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate) if hasattr(self, f.name)})
 
     def workload(self) -> Workload:
         return Workload(seq_len=self.seq_len, dtype=self.dtype)
