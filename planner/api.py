@@ -76,7 +76,7 @@ def request_description(model: ModelSpec, hw: HardwareSpec, workload: Workload, 
 
 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
-              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
+              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
               measure=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``.
@@ -87,8 +87,9 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     ``ctx``: tokens per sequence (an int or a string such as ``"200k"``); with ``objective="max-ctx"``
     it may be None, otherwise it is the least context the plan must reach.
     ``hw``: a catalog name (``"h100x8"``), a cluster file, or a HardwareSpec; ``nodes`` overrides its
-    node count. ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a
-    database URL (:mod:`autosp.planner.cache`).
+    node count. SP groups spanning nodes are searched and priced like any other; ``allow_cross_node_sp=False``
+    keeps every SP group inside a node. ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default
+    file), a path or a database URL (:mod:`autosp.planner.cache`).
     ``storage``: an Optuna storage URL shared by several planner workers (``study_name``: the study in it,
     default derived from the request; ``worker``: this worker's id on its trials); ``trials=0`` then
     runs no sampler trials and answers from the study as it is (:mod:`autosp.planner.study`).
@@ -207,7 +208,7 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
         cand, est = outcome.chosen
         measured = outcome.table
         runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
-    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp)
+    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp, cand.ring)
     search_info = {
         "strategy": search,
         "sampler": sampler,
@@ -292,22 +293,23 @@ def _cached_plan(store, key: str, started: float, request: dict | None = None) -
     return replace(plan, search=search)
 
 
-def _padding(seq_len: int, sp: int) -> tuple[int, float]:
+def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     from autosp.planner.space import padding
 
-    return padding(seq_len, sp)
+    return padding(seq_len, sp, ring)
 
 
 # -- runner-ups -----------------------------------------------------------------------------------
 
 def _group(cand: Candidate) -> tuple:
-    return (cand.sp, cand.zero_stage, cand.checkpointing)
+    return (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
 
 
 def _differences(cand: Candidate, best: Candidate) -> str:
-    names = {"sp": "sp", "zero_stage": "ZeRO", "micro_batch": "micro-batch", "grad_accum": "grad-accum",
-             "checkpointing": "ckpt", "mlp_chunks": "mlp chunks", "loss_chunks": "loss chunks",
-             "offload_activations": "offload", "overlap": "overlap", "offload_optimizer": "optimizer offload"}
+    names = {"sp": "sp", "ring": "ring", "zero_stage": "ZeRO", "micro_batch": "micro-batch",
+             "grad_accum": "grad-accum", "checkpointing": "ckpt", "mlp_chunks": "mlp chunks",
+             "loss_chunks": "loss chunks", "offload_activations": "offload", "overlap": "overlap",
+             "offload_optimizer": "optimizer offload"}
     out = []
     for field, label in names.items():
         a, b = getattr(cand, field), getattr(best, field)
@@ -359,7 +361,7 @@ def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Esti
 
 def explain_runner_ups(result, evaluator, objective: str, top_k: int) -> list[RunnerUp]:
     """Up to ``top_k`` alternatives that teach something: the fastest candidate that does not fit (if it
-    beats the winner), then the best of each other (sp, ZeRO stage, checkpointing) family."""
+    beats the winner), then the best of each other (sp, ring, ZeRO stage, checkpointing) family."""
     if top_k <= 0 or not result.ranked:
         return []
     best, best_est = result.ranked[0]
@@ -398,8 +400,8 @@ def _leanest(space, seq_len: int):
     target = space.with_workload(workload)
     evaluator = Evaluator(target)
     best = None
-    for sp in target.sp:
-        per = target.per_sp_choices(sp)
+    for sp, ring in target.layouts():
+        per = target.per_layout_choices(sp, ring)
         if per is None or not per["micro_batch"]:
             continue
         # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
@@ -409,7 +411,7 @@ def _leanest(space, seq_len: int):
                       max(per["loss_chunks"] or (1,)))}
         for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
                                                                      (True, False), sorted(zero_loss)):
-            cand = target.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]),
+            cand = target.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
                                loss_chunks=loss, offload_activations=offload,
                                overlap="none", offload_optimizer=optim)
@@ -465,7 +467,7 @@ def _more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
             return "more GPUs of this kind would not help"
         bigger, (cand, est) = last
         return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
-    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
+    flag = ", without --no-cross-node-sp" if cross and not allow_cross_node_sp else ""
     return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
 
 

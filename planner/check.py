@@ -122,7 +122,7 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
                          grad_accum=int(data.get("gradient_accumulation_steps", 1)),
                          checkpointing=a["checkpointing"], mlp_chunks=int(a["mlp_chunks"]),
                          loss_chunks=int(a["loss_chunks"]), offload_activations=bool(a["offload_activations"]),
-                         overlap=a["overlap"], offload_optimizer=bool(offload))
+                         overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)))
         dtype = a.get("dtype") or ("bf16" if (data.get("bf16") or {}).get("enabled") else "fp32")
         if "global_batch" in a:
             global_batch = a["global_batch"]
@@ -317,8 +317,8 @@ def replan_command(t: Target, out_path: str) -> str:
         parts += ["--global-batch", str(t.workload.global_batch)]
     if t.workload.dtype != "bf16":
         parts += ["--dtype", t.workload.dtype]
-    if t.allow_cross_node_sp:
-        parts.append("--allow-cross-node-sp")
+    if not t.allow_cross_node_sp:
+        parts.append("--no-cross-node-sp")
     parts += ["--plan-out", out_path]
     return shlex.join(parts)
 

@@ -135,6 +135,11 @@ def accepted_space(space, base: Candidate):
 
     def variant(changes: dict) -> Candidate:
         knobs = dict(knobs0, **changes)
+        if knobs["ring"] not in space.rings_for(knobs["sp"]):  # the SP layout moves as one
+            if "ring" in changes and "sp" not in changes:
+                knobs["sp"] = max(sp for sp in choices["sp"] if knobs["ring"] in space.rings_for(sp))
+            else:
+                knobs["ring"] = min(space.rings_for(knobs["sp"]))
         if knobs["overlap"] != "none" and knobs["sp"] == 1:
             knobs["sp"] = max(choices["sp"])
         if knobs["offload_optimizer"] and knobs["zero_stage"] == 0:

@@ -9,7 +9,7 @@ One Optuna study per request, in memory, seeded (same request + same seed = same
    ``Trial.set_constraint``, and the constrained TPE ranks feasible trials by the objective and
    infeasible ones by their violation.
 3. **Local refinement**: a best-improvement hill climb (:func:`hill_climb`) from the best trials of
-   :data:`REFINE_STARTS` different (sp, ZeRO, checkpointing) families and of every other
+   :data:`REFINE_STARTS` different (sp, ring, ZeRO, checkpointing) families and of every other
    checkpointing policy the trials found to fit. A move changes one knob
    (sp together with the overlap schedule and the tokens-per-GPU-preserving micro-batch), optionally
    followed by one compensating move: a faster neighbour that does not fit is *repaired* with a
@@ -35,7 +35,7 @@ from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_
 
 DEFAULT_TRIALS = 60
 REFINE_STARTS = 3
-"""Local refinement climbs from the best trial of this many different (sp, ZeRO, checkpointing) families."""
+"""Local refinement climbs from the best trial of this many different (sp, ring, ZeRO, checkpointing) families."""
 
 
 def _import_optuna():
@@ -62,12 +62,23 @@ def _sampler(optuna, seed: int, n_startup: int):
     return optuna.samplers.TPESampler(**kwargs)
 
 
+def node_local_ring(space, sp: int) -> int:
+    """The ring degree of ``sp`` whose Ulysses group is the largest that stays inside a node (the USP /
+    LoongTrain layout: all-to-alls on NVLink, the ring across nodes); the smallest valid ring otherwise."""
+    rings = space.rings_for(sp)
+    if not rings:
+        return 1
+    local = [r for r in rings if sp // r <= space.hardware.devices_per_node]
+    return min(local) if local else min(rings)
+
+
 def warm_starts(space) -> list[dict]:
-    """Knob settings worth trying first: lean on memory, then two faster relatives."""
+    """Knob settings worth trying first: lean on memory (with every ring degree of the largest sp: which
+    layout is leanest depends on the model's heads), then two faster relatives on the node-local layout."""
     choices = space.choices()
     sp = max(choices["sp"])
-    lean = dict(sp=sp, zero_stage=3, micro_batch=min(choices["micro_batch"]), checkpointing="full",
-                mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
+    lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
+                checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
                 offload_activations=True, overlap="none", offload_optimizer=True)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
@@ -75,8 +86,9 @@ def warm_starts(space) -> list[dict]:
     # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
     # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
     lean_tiled_loss = dict(lean, zero_stage=2)
+    other_rings = [dict(lean, ring=r) for r in space.rings_for(sp) if r != lean["ring"]]
     starts = []
-    for knobs in (lean, lean_tiled_loss, middle, fast):
+    for knobs in (lean, lean_tiled_loss, middle, fast, *other_rings):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
         knobs = _knobs_of(space, space.make_nearest(**knobs))
         if knobs not in starts:
@@ -208,7 +220,7 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
 
 
 DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
-"""The knobs that trade speed for memory within one structure (sp, ZeRO, micro-batch, checkpointing,
+"""The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
 
@@ -270,13 +282,13 @@ def complete(space, cand, estimate):
 
 
 def _distinct_starts(ranked, k: int) -> list:
-    """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ZeRO,
+    """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ring, ZeRO,
     checkpointing) families, plus the best fitting candidate of every checkpointing policy not among
     them (the policies are separate basins: moving between them usually needs three knobs at once)."""
     starts, families, policies = [], set(), set()
     fitting = [cand for cand, est in ranked if est.fits]
     for cand in fitting:
-        family = (cand.sp, cand.zero_stage, cand.checkpointing)
+        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
         if family not in families:
             families.add(family)
             policies.add(cand.checkpointing)
