@@ -68,9 +68,10 @@ def _layout_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, ring_p2p: float
     if cand.ulysses > per_node:
         notes += (f"the Ulysses group of {cand.ulysses} spans nodes: its all-to-alls use the inter-node network",)
     where = (f"spans {cand.sp // per_node} nodes (ranks strided by {cand.ulysses}): its K/V blocks cross the "
-             "inter-node network" if ring.spans_nodes(hw, cand) else "stays inside a node (NVLink)")
+             "inter-node network" if ring.spans_nodes(hw, cand) else "stays inside a node")
     block = ring.kv_block_bytes(sh) / 1e6
-    hidden = 100.0 * (1.0 - ring_exposed / ring_p2p) if ring_p2p > 0 else 100.0
+    # floored: "100%" only when nothing is exposed
+    hidden = math.floor(100.0 * (1.0 - ring_exposed / ring_p2p)) if ring_p2p > 0 else 100
     notes += (f"ring of {cand.ring} {where}; {block:,.1f} MB K/V blocks, P2P {_seconds(ring_p2p)} per step of "
               f"which {_seconds(ring_exposed)} exposed ({hidden:.0f}% hidden under blockwise attention)",)
     diag, off = ring.block_speeds(sh)
@@ -83,6 +84,8 @@ def _layout_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, ring_p2p: float
 def _seconds(t: float) -> str:
     if not math.isfinite(t):
         return "inf s"
+    if t >= 100:
+        return f"{t:,.0f} s"
     return f"{t:.3g} s" if t >= 1 else f"{1e3 * t:.3g} ms"
 
 

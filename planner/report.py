@@ -116,7 +116,7 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         lines.append(f"  {label:<30}{value}")
         if why and label.startswith("sequence parallel"):
             lines.extend(textwrap.wrap(why, width=98, initial_indent=f"  {'  why this split':<30}",
-                                       subsequent_indent=" " * 32))
+                                       subsequent_indent=" " * 32, break_on_hyphens=False))
     pad = plan.search.get("padding_tokens", 0)
     if pad:
         multiple = "sp" if c.ring == 1 else "2 x sp (zigzag ring chunks)"
