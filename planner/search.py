@@ -3,7 +3,9 @@
 One Optuna study per request, in memory, seeded (same request + same seed = same plan):
 
 1. **Warm start**: a few hand-picked candidates are enqueued first (the memory-lean ALST-style recipe
-   and two faster variants) so that even at extreme contexts the study sees feasible points early.
+   with every ring degree of the largest SP group, and two faster variants on the node-local Ulysses x ring
+   layout) so that even at extreme contexts the study sees feasible points early; never more than the
+   trials asked for.
 2. **TPE** (multivariate ``TPESampler``) proposes the knobs for ``trials`` trials. The per-GPU memory
    is a *constraint*: each trial records ``(memory - capacity) / capacity`` (and a validity flag) with
    ``Trial.set_constraint``, and the constrained TPE ranks feasible trials by the objective and
@@ -322,7 +324,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     study = _Study(target, seed, trials, value_fn, label, shared=shared)
     bar = progress_bar(max(trials, len(warm_starts(target))) + REFINE_STARTS + 3, label)
     if shared is None or not shared.collect_only:
-        study.run(study.enqueue(warm_starts(target)), bar)
+        study.run(study.enqueue(warm_starts(target)[:trials]), bar)  # a worker's --trials N bounds its starts too
         study.run(max(0, trials - study.n_trials), bar)
     if shared is not None:
         from autosp.planner.study import finished_candidates
@@ -419,7 +421,7 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
 
     study = _Study(structural, seed, trials, value_fn, "optuna max-ctx")
     bar = progress_bar(max(trials, len(warm_starts(structural))) + REFINE_STARTS, "optuna max-ctx")
-    study.run(study.enqueue(warm_starts(structural)), bar)
+    study.run(study.enqueue(warm_starts(structural)[:trials]), bar)
     study.run(max(0, trials - study.n_trials), bar)
 
     def better(a, b):
