@@ -3,6 +3,8 @@
 time = steps x alpha + bytes each GPU sends / (link bandwidth x comm_efficiency)
 
 Placement: SP groups are packed inside a node first (ranks r..r+P-1 of a node), DP goes across.
+Inside an SP group of P = U x R ranks, each Ulysses group is U consecutive ranks (inside a node unless
+U > devices_per_node) and each ring is R ranks strided by U (cost_models/ring.py prices the ring).
 A group of g ranks spans nodes when g > devices_per_node; then each GPU's traffic to peers in other
 nodes goes over its share of the scale-out network (inter_node_bandwidth) and to peers in its own
 node over NVLink/Infinity Fabric, concurrently; the slower of the two sets the time.
@@ -55,11 +57,12 @@ def ring_time(hw: HardwareSpec, group: int, nbytes: float, kind: str, calls: int
 def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, float, float]:
     """(q, k, v, out) all-to-all times of one layer's forward for one micro-batch on one GPU.
 
-    Buffers: q and out carry s x q elements; k and v carry s x k_eff (KV heads replicated P / n_kv
-    times when P > n_kv, so every rank receives the KV head its query heads need). The backward runs
+    The all-to-alls run over the U Ulysses ranks (U = P without a ring; none for a pure ring).
+    Buffers: q and out carry s x q elements; k and v carry s x k_eff (KV heads replicated U / n_kv
+    times when U > n_kv, so every rank receives the KV head its query heads need). The backward runs
     the same four on the gradients; full recompute repeats the forward four.
     """
-    P = sh.P
+    P = sh.U
     if P <= 1:
         return 0.0, 0.0, 0.0, 0.0
     # all_to_all_time for the two buffer sizes, with the link split computed once
@@ -78,10 +81,10 @@ def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, flo
 
 
 def ulysses_bytes_per_layer(sh: Shapes) -> float:
-    """Bytes one GPU sends in one layer's forward all-to-alls (for tests and reports)."""
-    if sh.P <= 1:
+    """Bytes one GPU sends in one layer's forward all-to-alls over its U Ulysses ranks (for tests and reports)."""
+    if sh.U <= 1:
         return 0.0
-    return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.P - 1) / sh.P
+    return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.U - 1) / sh.U
 
 
 def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tuple[float, float, float, float]:

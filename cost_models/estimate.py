@@ -6,8 +6,8 @@ the analytic one of ``model`` (docs/cost_model.md); pass ``profile=`` a graph-de
 that is not Llama-shaped.
 
 ``estimate`` raises ValueError (with the reason) for candidates the model cannot run: query heads
-not divisible by sp, KV heads neither dividing nor divisible by sp, or more GPUs than the hardware
-has. Everything else (global batch bookkeeping, SP groups spanning nodes, ...) is the search's
+not divisible by the Ulysses degree (sp / ring), KV heads neither dividing nor divisible by it, or more
+GPUs than the hardware has. Everything else (global batch bookkeeping, SP groups spanning nodes, ...) is the search's
 policy; the estimate prices whatever it is given.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import flops
+from autosp.cost_models import flops, ring
 from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
-from autosp.cost_models.step_time import step_time
+from autosp.cost_models.step_time import step_time_parts
 
 
 def _check(hw: HardwareSpec, cand: Candidate) -> None:
@@ -37,22 +37,56 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
     sh = Shapes(model, workload, cand, profile)
     memory, (_kept, _transient, per_layer, _host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
     n_params = sh.n_params
-    time = step_time(hw, cand, sh, n_params, per_layer)
+    time, ring_p2p, ring_exposed = step_time_parts(hw, cand, sh, n_params, per_layer)
     tokens = workload.seq_len * cand.micro_batch * cand.grad_accum * cand.dp
     step = time.step
     tps = tokens / step if 0 < step < math.inf else 0.0
     model_flops_step = flops.model_flops(sh) * cand.grad_accum * cand.sp * cand.dp
     peak_all = hw.accelerator.peak_flops * cand.world_size
     mfu = model_flops_step / (step * peak_all) if 0 < step < math.inf and peak_all > 0 else 0.0
-    if sh.S_pad != sh.S:
-        notes += (f"sequence padded from {sh.S} to {sh.S_pad} tokens (a multiple of sp={cand.sp})",)
-    if sh.kv_copies > 1:
-        notes += (f"each KV head is replicated {sh.kv_copies}x for the all-to-all (sp={cand.sp} > "
-                  f"{sh.n_kv} KV heads)",)
-    if cand.sp > hw.devices_per_node:
-        notes += (f"the SP group of {cand.sp} spans nodes: its all-to-alls use the inter-node network",)
+    notes += _layout_notes(hw, cand, sh, ring_p2p, ring_exposed)
     return Estimate(memory=memory, time=time, capacity_bytes=capacity_bytes(hw), tokens_per_second=tps, mfu=mfu,
                     flops_per_step=model_flops_step, notes=notes)
+
+
+def _layout_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, ring_p2p: float,
+                  ring_exposed: float) -> tuple[str, ...]:
+    """One-line remarks on the SP layout: padding, KV replication, links, and what the ring costs."""
+    notes = ()
+    if sh.S_pad != sh.S:
+        multiple = (f"a multiple of sp={cand.sp}" if cand.ring == 1 else
+                    f"a multiple of 2 x sp = {2 * cand.sp}: 2 x ring zigzag chunks over {cand.ulysses} Ulysses ranks")
+        notes += (f"sequence padded from {sh.S} to {sh.S_pad} tokens ({multiple})",)
+    if sh.kv_copies > 1:
+        degree = f"sp={cand.sp}" if cand.ring == 1 else f"ulysses={cand.ulysses}"
+        notes += (f"each KV head is replicated {sh.kv_copies}x for the all-to-all ({degree} > {sh.n_kv} KV heads)",)
+    per_node = hw.devices_per_node
+    if cand.ring == 1:
+        if cand.sp > per_node:
+            notes += (f"the SP group of {cand.sp} spans nodes: its all-to-alls use the inter-node network",)
+        return notes
+    if cand.ulysses > per_node:
+        notes += (f"the Ulysses group of {cand.ulysses} spans nodes: its all-to-alls use the inter-node network",)
+    where = (f"spans {cand.sp // per_node} nodes (ranks strided by {cand.ulysses}): its K/V blocks cross the "
+             "inter-node network" if ring.spans_nodes(hw, cand) else "stays inside a node")
+    block = ring.kv_block_bytes(sh) / 1e6
+    # floored: "100%" only when nothing is exposed
+    hidden = math.floor(100.0 * (1.0 - ring_exposed / ring_p2p)) if ring_p2p > 0 else 100
+    notes += (f"ring of {cand.ring} {where}; {block:,.1f} MB K/V blocks, P2P {_seconds(ring_p2p)} per step of "
+              f"which {_seconds(ring_exposed)} exposed ({hidden:.0f}% hidden under blockwise attention)",)
+    diag, off = ring.block_speeds(sh)
+    if min(diag, off) < 0.98:
+        notes += (f"ring attention blocks of {sh.S_pad // (2 * cand.ring):,} tokens run at {100 * off:.0f}% "
+                  f"(diagonal {100 * diag:.0f}%) of the whole-sequence kernel's speed",)
+    return notes
+
+
+def _seconds(t: float) -> str:
+    if not math.isfinite(t):
+        return "inf s"
+    if t >= 100:
+        return f"{t:,.0f} s"
+    return f"{t:.3g} s" if t >= 1 else f"{1e3 * t:.3g} ms"
 
 
 def memory_only(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,

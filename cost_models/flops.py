@@ -12,6 +12,7 @@ Conventions:
 
 from __future__ import annotations
 
+from autosp.cost_models import ring
 from autosp.cost_models.profile import FA_BACKWARD_FACTOR, POLICY_INDEX  # noqa: F401  (re-exported)
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate
@@ -27,7 +28,9 @@ def matmul_flops_forward(sh: Shapes) -> float:
 
 
 def attention_flops_forward(sh: Shapes, padded: bool = True) -> float:
-    """Causal attention forward on one GPU: its heads (a / P of them) over the whole sequence."""
+    """Causal attention forward on one GPU: 1/P of the sequence's causal work. Ulysses: its a / P heads over
+    the whole sequence; with a ring, a / U heads over S / R queries, balanced by zigzag sharding (every ring
+    rank does exactly 1/R of the causal work; cost_models/ring.py)."""
     S = sh.S_pad if padded else sh.S
     return 2.0 * S * S * sh.attn_width * sh.L * sh.b / sh.P
 
@@ -79,16 +82,18 @@ def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     backward, and the loss's softmax and casts over s x V logits (analytic: forward ~14 B, backward
     ~18 B per logit). Recompute: the profile's recomputed pointwise work (analytic: the norms and
     SiLU/product under selective and sequence) or the whole layer's pointwise forward (full), plus the
-    loss forward again when it is tiled.
+    loss forward again when it is tiled. A ring adds its merges and copies (:func:`ring.pointwise_bytes`),
+    the forward's again under ``full``.
     """
     e, s, L = sh.e, sh.s, sh.L
     p = sh.prof
     layer_fwd = _layer_pointwise_forward_elems(sh) * e * s
+    ring_fwd, ring_bwd = ring.pointwise_bytes(sh)
     loss = s * (p.loss_pw_fwd + p.loss_pw_bwd) * e / 2.0
-    baseline = (1.0 + p.pw_bwd_factor) * L * layer_fwd + loss
+    baseline = (1.0 + p.pw_bwd_factor) * L * layer_fwd + L * s * (ring_fwd + ring_bwd) + loss
     policy = cand.checkpointing
     if policy == "full":
-        recompute = L * layer_fwd
+        recompute = L * (layer_fwd + s * ring_fwd)
     elif policy in ("selective", "sequence"):
         re = p.pw_recompute[POLICY_INDEX[policy]]
         recompute = L * (re.other + re.kv * sh.kv_copies) * e * s

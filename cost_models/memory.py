@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import deepspeed_buffers as ds, profile
+from autosp.cost_models import deepspeed_buffers as ds, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
@@ -150,7 +150,11 @@ def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[fl
       gradient in and out (2h).
     - attention backward: h1, norm2 output and the o_proj input are freed by then; the recomputed
       norm1 output / q, k, v / attention output remain, plus dO, dq, dk, dv, flash attention's fp32 dq
-      accumulator (2q in 2-byte units) and the residual gradient (h).
+      accumulator (2q in 2-byte units) and the residual gradient (h). With a ring, its backward buffers
+      (fp32 dQ and dK/dV accumulators, K/V blocks in flight: :func:`ring.backward_extra_bytes`) join this
+      phase as fixed bytes. The ring's forward (:func:`ring.forward_extra_bytes`, in the forward or a full
+      recompute) holds only n1, q, k, v and the residual gradient besides its buffers, well below this
+      phase, so it never sets the peak (tested for every preset).
     """
     p = sh.prof
     i = POLICY_INDEX[policy]
@@ -163,12 +167,13 @@ def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[fl
     mlp_phase = (re_mlp.other + re_mlp.kv * c) + mlp_live + p.mlp_grads.other / mlp_chunks + p.mlp_phase_grads.other
     mlp_fixed = re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
     attn_phase = (re_attn.other + re_attn.kv * c) + grads.other + grads.kv * c
-    attn_fixed = re_attn.fixed + grads.fixed
+    attn_fixed = re_attn.fixed + grads.fixed + ring.backward_extra_bytes(sh)
     return mlp_phase, mlp_fixed, attn_phase, attn_fixed
 
 
 def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
-    """The larger phase of :func:`layer_transient_phases`, in elements (fixed bytes left out)."""
+    """The larger phase of :func:`layer_transient_phases`, in elements (fixed bytes, ring buffers included,
+    left out)."""
     mlp_phase, _, attn_phase, _ = layer_transient_phases(sh, policy, mlp_chunks)
     return max(mlp_phase, attn_phase)
 
@@ -218,8 +223,9 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
 
 
 def a2a_buffer_bytes(sh: Shapes) -> float:
-    """All-to-all staging: send + receive copies of the largest q/k/v/out tensor (0 without SP)."""
-    return 2.0 * sh.s * max(sh.q, sh.k_eff) * sh.e if sh.P > 1 else 0.0
+    """All-to-all staging: send + receive copies of the largest q/k/v/out tensor (0 without a Ulysses
+    dimension: no SP, or a pure ring)."""
+    return 2.0 * sh.s * max(sh.q, sh.k_eff) * sh.e if sh.U > 1 else 0.0
 
 
 def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:

@@ -6,7 +6,7 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
-from autosp.cost_models import comm, flops
+from autosp.cost_models import comm, flops, ring
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -52,6 +52,14 @@ def _exposed_attention_comm(overlap: str, t_q: float, t_k: float, t_v: float, t_
 
 def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
               offload_layer_bytes: float) -> TimeBreakdown:
+    return step_time_parts(hw, cand, sh, n_params, offload_layer_bytes)[0]
+
+
+def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
+                    offload_layer_bytes: float) -> tuple[TimeBreakdown, float, float]:
+    """(TimeBreakdown, ring P2P seconds per step, of which exposed). The ring's P2P is part of the
+    breakdown's ``attention_comm`` (with the all-to-alls) and its exposed share part of ``exposed_comm``;
+    the two extra numbers let the estimate explain it."""
     peak = hw.accelerator.peak_flops
     mm_rate = peak * hw.matmul_efficiency
     att_rate = peak * hw.attention_efficiency
@@ -64,13 +72,14 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     mm_re, att_re = flops.recompute_flops(sh, cand)
     pw_base, pw_re = flops.pointwise_bytes(sh, cand)
     t_mm_fwd = mm_fwd / mm_rate
-    t_att_fwd = att_fwd / att_rate
+    ring_factor = ring.compute_factor(sh)  # ring steps run shorter, slower attention kernels (1 without a ring)
+    t_att_fwd = att_fwd / att_rate * ring_factor
     t_pw = pw_base / mem_bw if mem_bw > 0 else 0.0
     prof = sh.prof
     pw_bwd = prof.pw_bwd_factor
     t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
     t_bwd = prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd + pw_bwd * t_pw / (1.0 + pw_bwd)
-    t_recompute = mm_re / mm_rate + att_re / att_rate + (pw_re / mem_bw if mem_bw > 0 else 0.0)
+    t_recompute = mm_re / mm_rate + att_re / att_rate * ring_factor + (pw_re / mem_bw if mem_bw > 0 else 0.0)
     if cand.mlp_chunks > 1:  # chunks run in the forward, again (with grad) in the backward, and in a full recompute
         t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
     if cand.loss_chunks > 1:
@@ -104,6 +113,14 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     else:
         exposed_attention_micro = 0.0
 
+    # --- ring P2P of one micro-batch: each forward pass (forward, full recompute) and the backward ---
+    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, cand, sh, t_att_fwd / L,
+                                                                               prof.attn_bwd_factor)
+    ring_micro = L * (ring_fwd * (passes - 1) + ring_bwd)
+    ring_exposed_micro = L * (ring_fwd_exposed * (passes - 1) + ring_bwd_exposed)
+    attention_comm_micro += ring_micro
+    exposed_attention_micro += ring_exposed_micro
+
     # --- activation offload: D2H in forward, H2D in backward, per layer, overlapped with compute ---
     offload_micro = 0.0
     if cand.offload_activations and offload_layer_bytes > 0:
@@ -128,5 +145,7 @@ def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
     attention_comm = ga * attention_comm_micro
     exposed = ga * exposed_attention_micro + zero_exposed
     offload = ga * offload_micro + optimizer_offload
-    return TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm, zero_comm=zero_total,
-                         offload=offload, exposed_comm=exposed, step=compute + exposed + offload)
+    breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
+                              zero_comm=zero_total, offload=offload, exposed_comm=exposed,
+                              step=compute + exposed + offload)
+    return breakdown, ga * ring_micro, ga * ring_exposed_micro

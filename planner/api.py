@@ -48,7 +48,7 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
 
 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
-              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = False,
+              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
               measure=None, time_budget=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
@@ -181,7 +181,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         cand, est = outcome.chosen
         measured = outcome.table
         runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
-    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp)
+    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp, cand.ring)
     search_info = {
         "strategy": strategy,
         "sampler": sampler,
@@ -219,10 +219,10 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     return plan
 
 
-def _padding(seq_len: int, sp: int) -> tuple[int, float]:
+def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     from autosp.planner.space import padding
 
-    return padding(seq_len, sp)
+    return padding(seq_len, sp, ring)
 
 
 __all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "exhaustive_is_cheaper",

@@ -87,8 +87,8 @@ def replan_command(t: ResolvedRequest, out_path: str) -> str:
         parts += ["--global-batch", str(t.workload.global_batch)]
     if t.workload.dtype != "bf16":
         parts += ["--dtype", t.workload.dtype]
-    if r.allow_cross_node_sp:
-        parts.append("--allow-cross-node-sp")
+    if not r.allow_cross_node_sp:
+        parts.append("--no-cross-node-sp")
     parts += ["--plan-out", out_path]
     return shlex.join(parts)
 

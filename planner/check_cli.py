@@ -21,7 +21,11 @@ def _target_flags(p) -> None:
     g.add_argument("--global-batch", metavar="N", help="sequences per optimizer step ('none': one micro-batch per "
                                                        "replica)")
     g.add_argument("--dtype", choices=("bf16", "fp32"))
-    g.add_argument("--allow-cross-node-sp", action="store_true")
+    cross = g.add_mutually_exclusive_group()
+    cross.add_argument("--allow-cross-node-sp", dest="allow_cross_node_sp", action="store_const", const=True,
+                       help="let SP groups span nodes (default: as the plan was made)")
+    cross.add_argument("--no-cross-node-sp", dest="allow_cross_node_sp", action="store_const", const=False,
+                       help="keep every SP group inside one node")
     s = p.add_argument_group("the search for the best plan now")
     s.add_argument("--search", choices=("optuna", "exhaustive"), help="default: the plan's own, else optuna")
     s.add_argument("--trials", metavar="N", help="Optuna trials (default: the plan's)")

@@ -14,8 +14,9 @@ from autosp.errors import EXIT_CODES, UsageError
 from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
 
 DESCRIPTION = """\
-Pick the best way to train a model at a context length on a cluster: Ulysses sequence-parallel degree,
-ZeRO stage, micro-batch and gradient accumulation, activation checkpointing, MLP and logits+loss
+Pick the best way to train a model at a context length on a cluster: sequence-parallel degree and its
+Ulysses x ring split (SP groups may span nodes; the ring carries SP past the head count), ZeRO stage,
+micro-batch and gradient accumulation, activation checkpointing, MLP and logits+loss
 tiling, activation offload and all-to-all overlap. The choice comes from an analytic cost model
 (per-GPU memory against capacity, step time) searched with Optuna (or exhaustively).
 """
@@ -23,7 +24,8 @@ tiling, activation offload and all-to-all overlap. The choice comes from an anal
 EXAMPLES = """\
 examples:
   autosp-plan --model llama --ctx 200k --hw h100x8
-  autosp-plan --model llama-3.1-70b --ctx 1M --hw h100x8 --nodes 4 --allow-cross-node-sp
+  autosp-plan --model llama-3.1-70b --ctx 1M --hw h100x8 --nodes 4
+  autosp-plan --model llama-3.1-8b --objective max-ctx --hw h100x64        # Ulysses x ring past 32 heads
   autosp-plan --model llama-3.1-8b --objective max-ctx --hw h100x8
   autosp-plan --model path/to/config.json --ctx 128Ki --hw cluster.toml --global-batch 64 \\
               --plan-out plan.json --ds-config ds_config.json
@@ -103,8 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--time-budget", metavar="S", help="stop the Optuna trials after S seconds (30, 90s, 2m, 1h); "
                                                         "without --trials the budget alone decides how many run")
     how.add_argument("--seed", metavar="S", type=int, default=0, help="Optuna seed (default 0)")
-    how.add_argument("--allow-cross-node-sp", action="store_true",
-                     help="let an SP group span nodes (its all-to-alls then use the inter-node links)")
+    cross = how.add_mutually_exclusive_group()
+    cross.add_argument("--no-cross-node-sp", dest="allow_cross_node_sp", action="store_false", default=True,
+                       help="keep every SP group inside one node (by default groups spanning nodes are searched "
+                            "and priced: their all-to-alls or ring steps then use the inter-node links)")
+    cross.add_argument("--allow-cross-node-sp", dest="allow_cross_node_sp", action="store_true", default=True,
+                       help="accepted for old scripts; no longer needed (spanning nodes is the default)")
     cache = how.add_mutually_exclusive_group()
     cache.add_argument("--cache", metavar="PATH|URL", help="plan cache file or database URL (default: see "
                                                            "'plan cache' below)")

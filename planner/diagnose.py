@@ -19,8 +19,8 @@ def _leanest(space, seq_len: int):
     target = space.with_workload(workload)
     evaluator = Evaluator(target)
     best = None
-    for sp in target.sp:
-        per = target.per_sp_choices(sp)
+    for sp, ring in target.layouts():
+        per = target.per_layout_choices(sp, ring)
         if per is None or not per["micro_batch"]:
             continue
         # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
@@ -30,7 +30,7 @@ def _leanest(space, seq_len: int):
                       max(per["loss_chunks"] or (1,)))}
         for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
                                                                      (True, False), sorted(zero_loss)):
-            cand = target.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]),
+            cand = target.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
                                loss_chunks=loss, offload_activations=offload,
                                overlap="none", offload_optimizer=optim)
@@ -86,7 +86,7 @@ def more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
             return "more GPUs of this kind would not help"
         bigger, (cand, est) = last
         return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
-    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
+    flag = ", without --no-cross-node-sp" if cross and not allow_cross_node_sp else ""
     return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
 
 

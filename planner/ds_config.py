@@ -15,10 +15,11 @@ with ``world_size = dp x sp``, so ``train_batch_size`` counts *sequence shards*,
 - ``train_batch_size`` = micro_batch x grad_accum x dp x sp = sp x (sequences per optimizer step).
 
 The number of *sequences* per optimizer step is ``micro_batch x grad_accum x dp``; it is written, with
-the tokens per step and every SP knob, in the ``autosp`` section. DeepSpeed's parser ignores unknown
-top-level keys (checked against DeepSpeed 0.19.8 in tests/planner/test_ds_config.py), so the section rides
-along in the same file; ``autosp-plan check`` reads it. The config deliberately has no ``sequence_parallel_size``
-key: with it (and no mpu) DeepSpeed would divide its world size by sp and reject these batch sizes.
+the tokens per step and every SP knob (``sp`` and its split ``ulysses`` x ``ring``), in the ``autosp``
+section. DeepSpeed's parser ignores unknown top-level keys (checked against DeepSpeed 0.19.8 in
+tests/planner/test_ds_config.py), so the section rides along in the same file; ``autosp-plan check`` and
+the compiler read it. The config deliberately has no ``sequence_parallel_size`` key: with it (and no mpu)
+DeepSpeed would divide its world size by sp and reject these batch sizes.
 
 Everything but the ``autosp`` section comes from :func:`autosp.cost_models.deepspeed_config.deepspeed_config`,
 the one builder ``autosp.compile`` uses too (its module doc lists the defaults, gradient clipping at 1.0
@@ -48,6 +49,8 @@ def deepspeed_config(plan) -> dict:
                      "sequences_per_step."),
             "world_size": world,
             "sp": c.sp,
+            "ulysses": c.ulysses,
+            "ring": c.ring,
             "dp": c.dp,
             "seq_len": w.seq_len,
             "sequences_per_step": sequences,

@@ -30,7 +30,7 @@ def simplicity(cand: Candidate) -> tuple:
     return (cand.offload_optimizer, cand.offload_activations, CHECKPOINTING_POLICIES.index(cand.checkpointing),
             cand.mlp_chunks,
             cand.loss_chunks, OVERLAP_SCHEDULES.index(cand.overlap), cand.zero_stage, cand.micro_batch,
-            cand.grad_accum, -cand.sp)
+            cand.grad_accum, -cand.sp, cand.ring)
 
 
 def rank_key(cand: Candidate, est: Estimate) -> tuple:

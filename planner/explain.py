@@ -9,13 +9,14 @@ from autosp.units import format_gib, format_seconds, format_tokens
 
 
 def _group(cand: Candidate) -> tuple:
-    return (cand.sp, cand.zero_stage, cand.checkpointing)
+    return (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
 
 
 def differences(cand: Candidate, best: Candidate) -> str:
-    names = {"sp": "sp", "zero_stage": "ZeRO", "micro_batch": "micro-batch", "grad_accum": "grad-accum",
-             "checkpointing": "ckpt", "mlp_chunks": "mlp chunks", "loss_chunks": "loss chunks",
-             "offload_activations": "offload", "overlap": "overlap", "offload_optimizer": "optimizer offload"}
+    names = {"sp": "sp", "ring": "ring", "zero_stage": "ZeRO", "micro_batch": "micro-batch",
+             "grad_accum": "grad-accum", "checkpointing": "ckpt", "mlp_chunks": "mlp chunks",
+             "loss_chunks": "loss chunks", "offload_activations": "offload", "overlap": "overlap",
+             "offload_optimizer": "optimizer offload"}
     out = []
     for field, label in names.items():
         a, b = getattr(cand, field), getattr(best, field)
@@ -67,7 +68,7 @@ def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Esti
 
 def explain_runner_ups(result, evaluator, objective: str, top_k: int) -> list[RunnerUp]:
     """Up to ``top_k`` alternatives that teach something: the fastest candidate that does not fit (if it
-    beats the winner), then the best of each other (sp, ZeRO stage, checkpointing) family."""
+    beats the winner), then the best of each other (sp, ring, ZeRO stage, checkpointing) family."""
     if top_k <= 0 or not result.ranked:
         return []
     best, best_est = result.ranked[0]

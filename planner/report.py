@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 from autosp.units import GIB, format_gib, format_seconds, format_tokens
 
 BAR_WIDTH = 24
@@ -36,6 +39,49 @@ def _hw_line(hw) -> str:
     return f"{hw.name} ({hw.devices_per_node} x {acc.name})"
 
 
+def layout_row(plan, times: str = "x") -> tuple[str, str]:
+    """(label, value) of the plan table's SP row: the degree and, with a ring, its Ulysses x ring split."""
+    c = plan.candidate
+    gpus = f"(dp = {c.dp}, {c.sp * c.dp} GPUs)"
+    if c.ring == 1:
+        return "sequence parallel (Ulysses)", f"sp = {c.sp}   {gpus}"
+    label = "sequence parallel (ring)" if c.ulysses == 1 else "sequence parallel (2-D)"
+    return label, f"sp = {c.sp} = Ulysses {c.ulysses} {times} ring {c.ring}   {gpus}"
+
+
+def layout_why(plan) -> str:
+    """Why the SP group is split this way, from the model's heads, the node size and the estimate's ring note
+    ('' when there is nothing to explain: pure Ulysses inside a node)."""
+    c, m, hw = plan.candidate, plan.model, plan.hardware
+    per_node, u, r = hw.devices_per_node, c.ulysses, c.ring
+    nodes = -(-c.sp // per_node)
+    reasons = []
+    if r == 1:
+        if c.sp > per_node:
+            reasons.append(f"pure Ulysses across {nodes} nodes: its all-to-alls use the inter-node network")
+        return "; ".join(reasons)
+    if c.sp > m.n_heads:
+        reasons.append(f"Ulysses stops at the head count ({m.n_heads} query heads < sp = {c.sp}), the ring has no "
+                       f"such limit")
+    elif u > 1 and m.n_kv_heads < c.sp and u <= m.n_kv_heads:
+        reasons.append(f"Ulysses {u} <= {m.n_kv_heads} KV heads needs no K/V copies (pure Ulysses would replicate "
+                       f"each KV head {c.sp // m.n_kv_heads}x)")
+    if u == 1:
+        reasons.append("a pure ring has no all-to-alls and no all-to-all buffers")
+    elif u <= per_node < c.sp:
+        reasons.append(f"the all-to-alls stay inside a node ({u} of its {per_node} GPUs)")
+    elif u > per_node:
+        reasons.append(f"the Ulysses group spans {u // per_node} nodes")
+    note = next((n for n in plan.estimate.notes if n.startswith("ring of")), "")
+    hidden = re.search(r"\((\d+)% hidden", note)
+    where = f"across {nodes} nodes" if c.sp > per_node else "inside the node"
+    if hidden:
+        reasons.append(f"the ring's P2P {where} is {hidden.group(1)}% hidden under blockwise attention")
+    else:
+        reasons.append(f"the ring runs {where}")
+    return "; ".join(reasons)
+
+
 def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
@@ -53,7 +99,7 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     sequences = c.micro_batch * c.grad_accum * c.dp
     lines.append("Plan")
     rows = [
-        ("sequence parallel (Ulysses)", f"sp = {c.sp}   (dp = {c.dp}, {c.sp * c.dp} GPUs)"),
+        layout_row(plan, times),
         ("ZeRO stage", str(c.zero_stage)),
         (f"micro-batch {times} grad accum", f"{c.micro_batch} {times} {c.grad_accum}   ({sequences} sequence"
                                            f"{'s' if sequences != 1 else ''}, {sequences * w.seq_len:,} tokens per step)"),
@@ -65,12 +111,17 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
                               "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
     ]
+    why = layout_why(plan)
     for label, value in rows:
         lines.append(f"  {label:<30}{value}")
+        if why and label.startswith("sequence parallel"):
+            lines.extend(textwrap.wrap(why, width=98, initial_indent=f"  {'  why this split':<30}",
+                                       subsequent_indent=" " * 32, break_on_hyphens=False))
     pad = plan.search.get("padding_tokens", 0)
     if pad:
+        multiple = "sp" if c.ring == 1 else "sp and 2 x ring (zigzag ring chunks)"
         lines.append(f"  {'padding':<30}{pad:,} tokens ({100 * plan.search.get('padding_fraction', 0):.3f}%) to a "
-                     f"multiple of sp")
+                     f"multiple of {multiple}")
     lines.append("")
 
     cap = e.capacity_bytes
@@ -92,7 +143,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     lines.append(f"  {'step time':<20}{format_seconds(t.step)}   (compute {format_seconds(t.compute)}, of which "
                  f"recompute {format_seconds(t.recompute)}{dot}exposed comm {format_seconds(t.exposed_comm)}"
                  f"{dot}offload {format_seconds(t.offload)})")
-    lines.append(f"  {'communication':<20}all-to-all {format_seconds(t.attention_comm)}{dot}ZeRO "
+    attention = "all-to-all" if c.ring == 1 else ("ring P2P" if c.ulysses == 1 else "all-to-all + ring P2P")
+    lines.append(f"  {'communication':<20}{attention} {format_seconds(t.attention_comm)}{dot}ZeRO "
                  f"{format_seconds(t.zero_comm)} (before overlap)")
     per_gpu = e.tokens_per_second / max(1, c.sp * c.dp)
     lines.append(f"  {'throughput':<20}{e.tokens_per_second:,.0f} tokens/s ({per_gpu:,.0f} per GPU)")

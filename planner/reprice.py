@@ -58,8 +58,9 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                        global_batch=overrides["global_batch"] if "global_batch" in overrides
                        else art.workload.global_batch,
                        dtype=overrides.get("dtype") or art.workload.dtype,
-                       allow_cross_node_sp=bool(overrides.get("allow_cross_node_sp")
-                                                or art.search.get("allow_cross_node_sp")),
+                       allow_cross_node_sp=bool(overrides["allow_cross_node_sp"]
+                                                if overrides.get("allow_cross_node_sp") is not None
+                                                else art.search.get("allow_cross_node_sp")),
                        search=search, trials=trials, seed=seed)
 
 

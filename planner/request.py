@@ -53,7 +53,9 @@ class PlanRequest:
     global_batch: int | None = None
     """Sequences per optimizer step; None: one micro-batch per data-parallel replica."""
     dtype: str = "bf16"
-    allow_cross_node_sp: bool = False
+    allow_cross_node_sp: bool = True
+    """SP groups may span nodes (their all-to-alls or ring steps then use the inter-node links); False keeps
+    every SP group inside one node (``--no-cross-node-sp``)."""
     search: str = "optuna"
     """``optuna`` (which scores a small space whole) or ``exhaustive``."""
     trials: int | None = None

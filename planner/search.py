@@ -3,19 +3,21 @@
 One Optuna study per request, in memory, seeded (same request + same seed = same plan):
 
 1. **Warm start**: a few hand-picked candidates are enqueued first (the memory-lean ALST-style recipe
-   and two faster variants) so that even at extreme contexts the study sees feasible points early.
+   with every ring degree of the largest SP group, and two faster variants on the node-local Ulysses x ring
+   layout) so that even at extreme contexts the study sees feasible points early; never more than the
+   trials asked for.
 2. **TPE** (multivariate ``TPESampler``) proposes the knobs for ``trials`` trials. The per-GPU memory
    is a *constraint*: each trial records ``(memory - capacity) / capacity`` (and a validity flag) with
    ``Trial.set_constraint``, and the constrained TPE ranks feasible trials by the objective and
    infeasible ones by their violation.
-3. **Structure sweep** (:func:`structure_sweep`): every (sp, ZeRO, checkpointing) family once, at the
-   smallest micro-batch and the most overlapping schedule, its tiling and offload dials chosen greedily
-   (:func:`complete`): a few cost-model calls per family, so no family is left out because TPE did not
-   sample it (without it, 60 trials stopped at 0.984 of the optimum on one of 52 random requests,
-   ``studies/search_quality.py``).
+3. **Structure sweep** (:func:`structure_sweep`): every (sp, ring, ZeRO, checkpointing) family once, at
+   the smallest micro-batch and the most overlapping schedule, its tiling and offload dials chosen
+   greedily (:func:`complete`): a few cost-model calls per family, so no family is left out because TPE
+   did not sample it (without it, 60 trials stopped at 0.984 of the optimum on one of 52 random
+   requests, ``studies/search_quality.py``).
 4. **Local refinement**: a best-improvement hill climb (:func:`hill_climb`) from the best scored
-   candidates of :data:`REFINE_STARTS` different (sp, ZeRO, checkpointing) families and of every other
-   checkpointing policy found to fit. A move changes one knob
+   candidates of :data:`REFINE_STARTS` different (sp, ring, ZeRO, checkpointing) families and of every
+   other checkpointing policy found to fit. A move changes one knob
    (sp together with the overlap schedule and the tokens-per-GPU-preserving micro-batch), optionally
    followed by one compensating move: a faster neighbour that does not fit is *repaired* with a
    memory-saving move, a neighbour that fits *spends* its headroom on a speed-gaining one. TPE finds
@@ -46,7 +48,7 @@ MAX_TRIALS = 10_000
 (llama at 200k on h100x8: 300 trials 2.4 s, 1,000 trials 15 s; 10,000 about 20 minutes), so a longer
 search is asked for by time (``time_budget``), not by count."""
 REFINE_STARTS = 3
-"""Local refinement climbs from the best trial of this many different (sp, ZeRO, checkpointing) families."""
+"""Local refinement climbs from the best trial of this many different (sp, ring, ZeRO, checkpointing) families."""
 
 
 def _import_optuna():
@@ -73,12 +75,23 @@ def _sampler(optuna, seed: int, n_startup: int):
     return optuna.samplers.TPESampler(**kwargs)
 
 
+def node_local_ring(space, sp: int) -> int:
+    """The ring degree of ``sp`` whose Ulysses group is the largest that stays inside a node (the USP /
+    LoongTrain layout: all-to-alls on NVLink, the ring across nodes); the smallest valid ring otherwise."""
+    rings = space.rings_for(sp)
+    if not rings:
+        return 1
+    local = [r for r in rings if sp // r <= space.hardware.devices_per_node]
+    return min(local) if local else min(rings)
+
+
 def warm_starts(space) -> list[dict]:
-    """Knob settings worth trying first: lean on memory, then two faster relatives."""
+    """Knob settings worth trying first: lean on memory (with every ring degree of the largest sp: which
+    layout is leanest depends on the model's heads), then two faster relatives on the node-local layout."""
     choices = space.choices()
     sp = max(choices["sp"])
-    lean = dict(sp=sp, zero_stage=3, micro_batch=min(choices["micro_batch"]), checkpointing="full",
-                mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
+    lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
+                checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
                 offload_activations=True, overlap="none", offload_optimizer=True)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
@@ -86,8 +99,9 @@ def warm_starts(space) -> list[dict]:
     # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
     # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
     lean_tiled_loss = dict(lean, zero_stage=2)
+    other_rings = [dict(lean, ring=r) for r in space.rings_for(sp) if r != lean["ring"]]
     starts = []
-    for knobs in (lean, lean_tiled_loss, middle, fast):
+    for knobs in (lean, lean_tiled_loss, middle, fast, *other_rings):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
         knobs = _knobs_of(space, space.make_nearest(**knobs))
         if knobs not in starts:
@@ -233,7 +247,7 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
 
 
 DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
-"""The knobs that trade speed for memory within one structure (sp, ZeRO, micro-batch, checkpointing,
+"""The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
 
@@ -295,27 +309,27 @@ def complete(space, cand, estimate):
 
 
 def structure_sweep(space, estimate) -> None:
-    """Score, through ``estimate``, the dial-completed candidate (:func:`complete`) of every (sp, ZeRO
+    """Score, through ``estimate``, the dial-completed candidate (:func:`complete`) of every (sp, ring, ZeRO
     stage, checkpointing) family at the smallest micro-batch and the most overlapping schedule valid for
-    its sp; the refinement then starts from the best of them as well as from the best trials."""
-    for sp in space.sp:
-        per = space.per_sp_choices(sp)
+    its layout; the refinement then starts from the best of them as well as from the best trials."""
+    for sp, ring in space.layouts():
+        per = space.per_layout_choices(sp, ring)
         if per is None or not per["micro_batch"]:
             continue
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
-            complete(space, space.make(sp=sp, zero_stage=zero, micro_batch=min(per["micro_batch"]), checkpointing=ckpt,
-                                       mlp_chunks=1, loss_chunks=1, offload_activations=False,
+            complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
+                                       checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,
                                        overlap=per["overlap"][-1], offload_optimizer=False), estimate)
 
 
 def _distinct_starts(ranked, k: int) -> list:
-    """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ZeRO,
+    """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ring, ZeRO,
     checkpointing) families, plus the best fitting candidate of every checkpointing policy not among
     them (the policies are separate basins: moving between them usually needs three knobs at once)."""
     starts, families, policies = [], set(), set()
     fitting = [cand for cand, est in ranked if est.fits]
     for cand in fitting:
-        family = (cand.sp, cand.zero_stage, cand.checkpointing)
+        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
         if family not in families:
             families.add(family)
             policies.add(cand.checkpointing)
@@ -353,7 +367,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     bar = progress_bar(None if deadline is not None else max(trials, len(warm_starts(target))) + REFINE_STARTS + 3,
                        label)  # a time budget: count trials, no total
     if shared is None or not shared.collect_only:
-        study.run(study.enqueue(warm_starts(target)), bar)
+        study.run(study.enqueue(warm_starts(target)[:trials]), bar)  # a worker's --trials N bounds its starts too
         study.run(max(0, trials - study.n_trials), bar, deadline)
     if shared is not None:
         from autosp.planner.study import finished_candidates
@@ -458,7 +472,7 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     study = _Study(structural, seed, trials, value_fn, "optuna max-ctx")
     bar = progress_bar(None if deadline is not None else max(trials, len(warm_starts(structural))) + REFINE_STARTS,
                        "optuna max-ctx")
-    study.run(study.enqueue(warm_starts(structural)), bar)
+    study.run(study.enqueue(warm_starts(structural)[:trials]), bar)
     study.run(max(0, trials - study.n_trials), bar, deadline)
 
     def better(a, b):

@@ -6,8 +6,12 @@ returns the first rule a candidate breaks (one line, for the report and the erro
 
 Knobs and choices
 
-- ``sp``: a divisor of the world size. The SP group lives inside one node unless cross-node SP is
-  allowed; then a group must tile whole nodes (sp a multiple of the devices per node).
+- ``sp``: a divisor of the world size. An SP group inside a node divides the node; one spanning nodes
+  tiles whole nodes (sp a multiple of the devices per node). Groups spanning nodes are searched by
+  default and priced by the cost model (their all-to-alls or ring steps use the inter-node links);
+  ``allow_cross_node_sp=False`` (``autosp-plan --no-cross-node-sp``) keeps every SP group inside a node.
+- ``ring``: the ring-attention degree R of the SP group (2-D SP: sp = U x R, U = sp / ring Ulysses ranks
+  of consecutive GPUs, R ring ranks strided by U). R = 1 is pure Ulysses, R = sp a pure ring.
 - ``dp = world / sp``; every rank is in exactly one SP group and one DP group.
 - ``zero_stage``: 0-3 (model states sharded over all dp x sp ranks, docs/design.md section 3).
 - ``micro_batch`` in :data:`MICRO_BATCHES`; ``grad_accum`` follows from ``--global-batch``:
@@ -18,22 +22,26 @@ Knobs and choices
 - ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
 - ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
   Adam); only with ZeRO stage >= 1.
-- ``overlap``: none / kv_async / head_pipeline; only with sp > 1 (with sp = 1 there is no all-to-all).
+- ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
+  no all-to-all).
 
 Validity rules (docs/design.md section 2)
 
-- query heads divide by sp; KV heads either divide by sp (sharded) or divide sp (replicated
-  sp / n_kv times before the all-to-all); anything else is invalid;
-- ``head_pipeline`` needs at least two local query heads to pipeline;
-- a sequence that does not divide by sp is padded up to a multiple of sp (pad tokens carry ignored
-  labels): valid, and :func:`padding` says how much is wasted;
+- the Ulysses degree U carries the head rules: query heads divide by U; KV heads either divide by U
+  (sharded) or divide U (replicated U / n_kv times before the all-to-all); anything else is invalid. The
+  ring has no head rule, so an SP degree above the head count is reached through R;
+- R divides sp; U divides the devices of a node or is a multiple of them (a Ulysses group never straddles
+  a node boundary part-way);
+- ``head_pipeline`` needs at least two local query heads (heads / U) to pipeline;
+- a sequence that does not divide by sp (of lcm(sp, 2R) with a ring: 2R zigzag chunks over U ranks) is padded up
+  (pad tokens carry ignored labels): valid, and :func:`padding` says how much is wasted;
 - ``loss_chunks > 1`` at ZeRO stage 3 only for untied embeddings (:func:`zero3_loss_ok`);
 - tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
   tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
   tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
-Canonical form: knobs that cannot matter are fixed (``overlap='none'`` when sp = 1;
+Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
 ``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
@@ -45,6 +53,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autosp.cost_models.shapes import padding_multiple
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -56,26 +65,31 @@ MIN_TILE_TOKENS = 1024
 """A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
 launches and lose GEMM efficiency while saving memory that no longer matters."""
 
-SPACE_REVISION = 3
+SPACE_REVISION = 4
 """Bump by hand when the meaning of the space changes; the source hash below catches the rest."""
 
 SPACE_VERSION = f"{SPACE_REVISION}-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]}"
 
 
-def padded_length(seq_len: int, sp: int) -> int:
-    """The sequence length after padding to a multiple of ``sp``."""
-    return -(-seq_len // sp) * sp
+CROSS_NODE_FLAG = "--no-cross-node-sp"
+"""The autosp-plan flag that keeps every SP group inside one node (named in the reasons below)."""
 
 
-def padding(seq_len: int, sp: int) -> tuple[int, float]:
+def padded_length(seq_len: int, sp: int, ring: int = 1) -> int:
+    """The sequence length after padding to a multiple of ``sp`` (of lcm(sp, 2 x ring) with a ring: zigzag chunks)."""
+    multiple = padding_multiple(Candidate(sp=sp, ring=ring))
+    return -(-seq_len // multiple) * multiple
+
+
+def padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     """(pad tokens, fraction of the padded sequence that is padding)."""
-    padded = padded_length(seq_len, sp)
+    padded = padded_length(seq_len, sp, ring)
     return padded - seq_len, (padded - seq_len) / padded
 
 
-def local_tokens(seq_len: int, sp: int) -> int:
+def local_tokens(seq_len: int, sp: int, ring: int = 1) -> int:
     """Tokens of one sequence held by one rank of the SP group."""
-    return padded_length(seq_len, sp) // sp
+    return padded_length(seq_len, sp, ring) // sp
 
 
 def tile_ok(chunks: int, tokens: int) -> bool:
@@ -87,25 +101,60 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: bool = False) -> str | None:
-    """Why SP degree ``sp`` is impossible for this model and cluster, or None."""
+def _placement_reason(hw: HardwareSpec, sp: int, allow_cross_node_sp: bool) -> str | None:
+    """Why an SP group of ``sp`` consecutive ranks cannot be placed on this cluster, or None."""
     world, per_node = hw.world_size, hw.devices_per_node
     if sp < 1 or world % sp:
         return f"sp={sp} does not divide the world size {world}"
     if sp > per_node:
         if not allow_cross_node_sp:
-            return (f"sp={sp} spans nodes ({per_node} GPUs per node); SP groups stay inside a node "
-                    f"unless --allow-cross-node-sp")
+            return (f"sp={sp} spans nodes ({per_node} GPUs per node) and {CROSS_NODE_FLAG} keeps SP groups "
+                    f"inside a node")
         if sp % per_node:
             return f"sp={sp} would split a node of {per_node} GPUs between SP groups"
     elif per_node % sp:
         return f"sp={sp} does not divide the {per_node} GPUs of a node"
-    if model.n_heads % sp:
-        return f"{model.n_heads} query heads do not divide by sp={sp}"
-    kv = model.n_kv_heads
-    if kv % sp and sp % kv:
-        return f"{kv} KV heads neither divide by sp={sp} nor divide it"
     return None
+
+
+def layout_reason(model: ModelSpec, hw: HardwareSpec, sp: int, ring: int = 1,
+                  allow_cross_node_sp: bool = True) -> str | None:
+    """Why the SP layout sp = U x ``ring`` is impossible for this model and cluster, or None.
+
+    The head rules bind the Ulysses degree U = sp / ring (the ring has none)."""
+    reason = _placement_reason(hw, sp, allow_cross_node_sp)
+    if reason:
+        return reason
+    if ring < 1 or sp % ring:
+        return f"ring={ring} does not divide sp={sp}"
+    u = sp // ring
+    name = f"sp={sp}" if ring == 1 else f"ulysses={u} (sp={sp} / ring={ring})"
+    if model.n_heads % u:
+        return f"{model.n_heads} query heads do not divide by {name}"
+    kv = model.n_kv_heads
+    if u > 1 and kv % u and u % kv:
+        return f"{kv} KV heads neither divide by {name} nor divide it"
+    per_node = hw.devices_per_node
+    if u > per_node and u % per_node or u < per_node and per_node % u:
+        return f"a Ulysses group of {u} would straddle a node of {per_node} GPUs part-way"
+    return None
+
+
+def ring_choices(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: bool = True) -> tuple[int, ...]:
+    """The ring degrees that make a valid layout of ``sp`` (1 = pure Ulysses, sp = pure ring)."""
+    if _placement_reason(hw, sp, allow_cross_node_sp):
+        return ()
+    return tuple(r for r in divisors(sp) if layout_reason(model, hw, sp, r, allow_cross_node_sp) is None)
+
+
+def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: bool = True) -> str | None:
+    """Why SP degree ``sp`` is impossible for this model and cluster with every ring degree, or None."""
+    reason = _placement_reason(hw, sp, allow_cross_node_sp)
+    if reason:
+        return reason
+    if ring_choices(model, hw, sp, allow_cross_node_sp):
+        return None
+    return layout_reason(model, hw, sp, 1, allow_cross_node_sp)  # no U x R split works: say why U = sp fails
 
 
 def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
@@ -116,21 +165,30 @@ def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
     return zero_stage < 3 or loss_chunks == 1 or not model.tied_embeddings
 
 
+def overlap_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
+    """Why an all-to-all overlap schedule cannot apply with a Ulysses degree of ``ulysses``, or None."""
+    if overlap != "none" and ulysses == 1:
+        return f"overlap {overlap!r} needs an all-to-all (a Ulysses degree sp / ring > 1)"
+    if overlap == "head_pipeline" and model.n_heads // ulysses < 2:
+        return (f"head_pipeline needs at least 2 local query heads, ulysses={ulysses} leaves "
+                f"{model.n_heads // ulysses}")
+    return None
+
+
 def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
-                   allow_cross_node_sp: bool = False) -> str | None:
+                   allow_cross_node_sp: bool = True) -> str | None:
     """The first validity rule ``cand`` breaks, as one line; None when it is valid and canonical."""
     if cand.sp * cand.dp != hw.world_size:
         return f"sp x dp = {cand.sp} x {cand.dp} is not the world size {hw.world_size}"
-    reason = sp_reason(model, hw, cand.sp, allow_cross_node_sp)
+    reason = layout_reason(model, hw, cand.sp, cand.ring, allow_cross_node_sp)
     if reason:
         return reason
-    if cand.overlap != "none" and cand.sp == 1:
-        return f"overlap {cand.overlap!r} needs an all-to-all (sp > 1)"
-    if cand.overlap == "head_pipeline" and model.n_heads // cand.sp < 2:
-        return f"head_pipeline needs at least 2 local query heads, sp={cand.sp} leaves {model.n_heads // cand.sp}"
+    reason = overlap_reason(model, cand.overlap, cand.ulysses)
+    if reason:
+        return reason
     if not zero3_loss_ok(model, cand.zero_stage, cand.loss_chunks):
         return "loss_chunks > 1 is not supported with zero_stage=3 for a model with tied embeddings"
-    tokens = local_tokens(workload.seq_len, cand.sp)
+    tokens = local_tokens(workload.seq_len, cand.sp, cand.ring)
     for name in ("mlp_chunks", "loss_chunks"):
         chunks = getattr(cand, name)
         if not tile_ok(chunks, tokens):
@@ -154,7 +212,7 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
 def canonical(cand: Candidate) -> Candidate:
     """Fix the knobs that cannot matter, so equal training runs compare equal."""
     changes = {}
-    if cand.sp == 1 and cand.overlap != "none":
+    if cand.ulysses == 1 and cand.overlap != "none":
         changes["overlap"] = "none"
     if cand.checkpointing == "none" and cand.offload_activations:
         changes["offload_activations"] = False
@@ -165,7 +223,7 @@ def canonical(cand: Candidate) -> Candidate:
 
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
-                   overlap: str, offload_optimizer: bool = False) -> Candidate:
+                   overlap: str, offload_optimizer: bool = False, ring: int = 1) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -178,8 +236,8 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
     return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                      checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
                      offload_activations=offload_activations and checkpointing != "none",
-                     overlap=overlap if sp > 1 else "none",
-                     offload_optimizer=offload_optimizer and zero_stage >= 1)
+                     overlap=overlap if sp > ring else "none",
+                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring)
 
 
 @dataclass(frozen=True)
@@ -189,9 +247,10 @@ class SearchSpace:
     model: ModelSpec
     hardware: HardwareSpec
     workload: Workload
-    allow_cross_node_sp: bool = False
+    allow_cross_node_sp: bool = True
     sp: tuple[int, ...] = ()
     excluded_sp: tuple[tuple[int, str], ...] = ()
+    ring: tuple[int, ...] = (1,)
     zero_stage: tuple[int, ...] = ZERO_STAGES
     micro_batch: tuple[int, ...] = MICRO_BATCHES
     checkpointing: tuple[str, ...] = CHECKPOINTING_POLICIES
@@ -204,7 +263,7 @@ class SearchSpace:
     """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
-    KNOBS = ("sp", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
+    KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
              "offload_activations", "overlap", "offload_optimizer")
 
     def choices(self) -> dict[str, tuple]:
@@ -213,10 +272,20 @@ class SearchSpace:
     def make(self, **knobs) -> Candidate:
         return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
 
+    def rings_for(self, sp: int) -> tuple[int, ...]:
+        """The ring degrees of this space that make a valid layout of ``sp``."""
+        return tuple(r for r in ring_choices(self.model, self.hardware, sp, self.allow_cross_node_sp)
+                     if r in self.ring)
+
     def make_nearest(self, **knobs) -> Candidate:
-        """Like :meth:`make`, but a tiling level or micro-batch that is invalid with the chosen sp is
-        moved to the nearest valid one below it (for samplers that propose knobs independently)."""
-        per = self.per_sp_choices(knobs["sp"])
+        """Like :meth:`make`, but a ring degree, tiling level or micro-batch that is invalid with the chosen sp
+        is moved to the nearest valid one below it (for samplers that propose knobs independently)."""
+        knobs.setdefault("ring", 1)
+        rings = self.rings_for(knobs["sp"])
+        if rings and knobs["ring"] not in rings:
+            below = [r for r in rings if r <= knobs["ring"]]
+            knobs = dict(knobs, ring=below[-1] if below else rings[0])
+        per = self.per_layout_choices(knobs["sp"], knobs["ring"])
         if per is not None:
             for name in ("mlp_chunks", "loss_chunks", "micro_batch"):
                 valid = per[name]
@@ -240,28 +309,46 @@ class SearchSpace:
         return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile)
 
     def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
-        """The knob values valid together with ``sp`` (every rule but :func:`zero3_loss_ok` is separable once sp
-        is fixed)."""
-        if sp_reason(self.model, self.hardware, sp, self.allow_cross_node_sp):
+        """The knob values valid together with ``sp`` for some ring degree: ``ring`` lists those degrees, the
+        other knobs are the union over them (:meth:`per_layout_choices` gives them per layout)."""
+        rings = self.rings_for(sp)
+        if not rings:
             return None
-        tokens = local_tokens(self.workload.seq_len, sp)
+        per = [self.per_layout_choices(sp, r) for r in rings]
+        merged = {"ring": rings}
+        for name in per[0]:
+            merged[name] = tuple(v for v in getattr(self, name) if any(v in p[name] for p in per))
+        return merged
+
+    def per_layout_choices(self, sp: int, ring: int) -> dict[str, tuple] | None:
+        """The knob values valid together with the layout sp = (sp / ring) x ring (every rule but
+        :func:`zero3_loss_ok` is separable once the layout is fixed)."""
+        if ring not in self.ring or layout_reason(self.model, self.hardware, sp, ring, self.allow_cross_node_sp):
+            return None
+        tokens = local_tokens(self.workload.seq_len, sp, ring)
         gb, dp = self.workload.global_batch, self.hardware.world_size // sp
         if gb is None:
             micro = self.micro_batch
         else:
             micro = tuple(m for m in self.micro_batch if gb % (dp * m) == 0)
-        overlap = tuple(o for o in self.overlap
-                        if o == "none" or (sp > 1 and (o != "head_pipeline" or self.model.n_heads // sp >= 2)))
+        ulysses = sp // ring
+        overlap = tuple(o for o in self.overlap if overlap_reason(self.model, o, ulysses) is None)
         return {"zero_stage": self.zero_stage, "micro_batch": micro, "checkpointing": self.checkpointing,
                 "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
                 "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
                 "offload_activations": self.offload_activations, "overlap": overlap,
                 "offload_optimizer": self.offload_optimizer}
 
+    def layouts(self):
+        """The valid (sp, ring) pairs of this space, in a fixed order."""
+        for sp in self.sp:
+            for ring in self.rings_for(sp):
+                yield sp, ring
+
     def candidates(self):
         """Every valid canonical candidate, in a fixed order (deterministic searches and ties)."""
-        for sp in self.sp:
-            per = self.per_sp_choices(sp)
+        for sp, ring in self.layouts():
+            per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
             for zero, optim, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
@@ -273,15 +360,15 @@ class SearchSpace:
                     continue  # canonical: ZeRO-Offload needs ZeRO
                 if not zero3_loss_ok(self.model, zero, loss):
                     continue
-                yield self.make(sp=sp, zero_stage=zero, micro_batch=micro, checkpointing=ckpt, mlp_chunks=mlp,
-                                loss_chunks=loss, offload_activations=offload, overlap=overlap,
+                yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
+                                mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
                                 offload_optimizer=optim)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
         total = 0
-        for sp in self.sp:
-            per = self.per_sp_choices(sp)
+        for sp, ring in self.layouts():
+            per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
             acts, optims = per["offload_activations"], per["offload_optimizer"]
@@ -295,8 +382,10 @@ class SearchSpace:
     def neighbours(self, cand: Candidate):
         """Valid candidates one move away from ``cand`` (for local refinement).
 
-        A move changes one knob; changing sp also tries every overlap schedule (sp = 1 has none to
-        keep) and the micro-batch that keeps the tokens per GPU constant (sp and micro-batch trade).
+        A move changes one knob; changing sp also tries every ring degree of the new sp (the layout moves as
+        one), every overlap schedule (a pure ring or sp = 1 has none to keep) and the micro-batch that keeps
+        the tokens per GPU constant (sp and micro-batch trade); changing the ring also tries every overlap
+        schedule (the Ulysses degree changes with it).
         """
         base = {k: getattr(cand, k) for k in self.KNOBS}
         choices = self.choices()
@@ -311,23 +400,32 @@ class SearchSpace:
                     micro = {base["micro_batch"]}
                     if scaled * base["sp"] == base["micro_batch"] * value and scaled in choices["micro_batch"]:
                         micro.add(scaled)
-                    overlaps = choices["overlap"] if value > 1 else ("none",)
-                    variants = [{"sp": value, "micro_batch": m, "overlap": o} for m in sorted(micro) for o in overlaps]
+                    variants = [{"sp": value, "ring": r, "micro_batch": m, "overlap": o}
+                                for r in self.rings_for(value) for m in sorted(micro)
+                                for o in (choices["overlap"] if value > r else ("none",))]
+                elif name == "ring":
+                    if base["sp"] % value:
+                        continue
+                    overlaps = choices["overlap"] if base["sp"] > value else ("none",)
+                    variants = [{"ring": value, "overlap": o} for o in overlaps]
                 for change in variants:
                     other = self.make(**{**base, **change})
                     if other not in seen and not self.reason(other):
                         seen.add(other)
                         yield other
 
-def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cross_node_sp: bool = False,
+
+def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cross_node_sp: bool = True,
                 micro_batches: tuple[int, ...] | None = None, profile=None) -> SearchSpace:
     """The space for one request. ``micro_batches`` overrides the micro-batch choices (max-ctx uses 1);
-    ``profile`` is the model's graph-derived ModelProfile (None: the analytic one of ``model``)."""
-    valid, excluded = [], []
+    ``profile`` is the model's graph-derived ModelProfile (None: the analytic one of ``model``).
+    ``allow_cross_node_sp=False`` keeps every SP group inside a node (``autosp-plan --no-cross-node-sp``)."""
+    valid, excluded, rings = [], [], set()
     for sp in divisors(hw.world_size):
         reason = sp_reason(model, hw, sp, allow_cross_node_sp)
         if reason is None:
             valid.append(sp)
+            rings.update(ring_choices(model, hw, sp, allow_cross_node_sp))
         else:
             excluded.append((sp, reason))
     mb = MICRO_BATCHES if micro_batches is None else tuple(micro_batches)
@@ -340,5 +438,5 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
         mb = mb or (1,)
     return SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
-                       sp=tuple(valid), excluded_sp=tuple(excluded), micro_batch=mb, mlp_chunks=mlp,
-                       loss_chunks=loss, profile=profile)
+                       sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
+                       micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, profile=profile)

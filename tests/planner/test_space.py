@@ -7,8 +7,8 @@ import pytest
 
 from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.planner import space as space_mod
-from autosp.planner.space import (MIN_TILE_TOKENS, SPACE_VERSION, build_space, canonical, invalid_reason, local_tokens,
-                                  padded_length, padding, sp_reason)
+from autosp.planner.space import (MIN_TILE_TOKENS, SPACE_VERSION, build_space, canonical, invalid_reason, layout_reason,
+                                  local_tokens, padded_length, padding, ring_choices, sp_reason)
 
 # Llama-3.1-8B's shape (32 query heads, 8 KV heads) and a small odd-headed model.
 LLAMA = ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256)
@@ -22,22 +22,45 @@ def cluster(per_node=8, nodes=1):
 
 
 def test_query_and_kv_head_rules():
+    """The head rules bind the Ulysses degree (ring = 1: all of sp)."""
     hw = cluster(per_node=16)
-    assert sp_reason(LLAMA, hw, 8) is None            # 8 KV heads sharded 1 per rank
-    assert sp_reason(LLAMA, hw, 16) is None           # 16 % 8 == 0: each KV head replicated twice
-    assert "query heads" in sp_reason(ODD, cluster(per_node=16), 16)
+    assert layout_reason(LLAMA, hw, 8) is None            # 8 KV heads sharded 1 per rank
+    assert layout_reason(LLAMA, hw, 16) is None           # 16 % 8 == 0: each KV head replicated twice
+    assert "query heads" in layout_reason(ODD, cluster(per_node=16), 16)
     hw12 = cluster(per_node=12)
-    assert "KV heads" in sp_reason(ODD, hw12, 4)      # 6 % 4 and 4 % 6 both nonzero
-    assert sp_reason(ODD, hw12, 6) is None and sp_reason(ODD, hw12, 12) is None and sp_reason(ODD, hw12, 3) is None
+    assert "KV heads" in layout_reason(ODD, hw12, 4)      # 6 % 4 and 4 % 6 both nonzero
+    assert layout_reason(ODD, hw12, 6) is None and layout_reason(ODD, hw12, 12) is None
+    assert layout_reason(ODD, hw12, 3) is None
 
 
-def test_sp_stays_in_a_node_unless_allowed():
+def test_ring_takes_sp_past_the_head_rules():
+    """U = sp / ring carries the head rules; the ring has none, so sp above the head count is a layout."""
+    hw = cluster(per_node=16)
+    # ODD: 24 heads, 6 KV heads. sp=16: U=16 breaks the query heads, U=8 and U=4 the KV heads; U=2 (ring 8)
+    # and U=1 (pure ring) work
+    assert ring_choices(ODD, hw, 16) == (8, 16)
+    assert sp_reason(ODD, hw, 16) is None
+    assert "ulysses=8 (sp=16 / ring=2)" in layout_reason(ODD, hw, 16, ring=2)
+    assert "ring=3 does not divide sp=16" in layout_reason(ODD, hw, 16, ring=3)
+    hw12 = cluster(per_node=12)
+    assert ring_choices(ODD, hw12, 4) == (2, 4)          # U=4 breaks the KV heads, U=2 and U=1 do not
+    # Llama-3.1-8B's 32 heads stop Ulysses at 32; on 128 GPUs a ring reaches sp=128, U from 4 (128/32) down
+    big = cluster(per_node=8, nodes=16)
+    assert ring_choices(LLAMA, big, 128) == (4, 8, 16, 32, 64, 128)
+    assert "query heads" in layout_reason(LLAMA, big, 128, ring=1)
+    assert 128 in build_space(LLAMA, big, Workload(1 << 20)).sp
+    # a Ulysses group never straddles a node boundary part-way: 12 GPUs a node, U = 8 would
+    assert "straddle" in layout_reason(LLAMA, cluster(per_node=12, nodes=2), 24, ring=3)
+
+
+def test_sp_spans_nodes_by_default_unless_forbidden():
     hw = cluster(per_node=8, nodes=4)
-    assert "--allow-cross-node-sp" in sp_reason(LLAMA, hw, 16)
-    assert sp_reason(LLAMA, hw, 16, allow_cross_node_sp=True) is None
+    assert sp_reason(LLAMA, hw, 16) is None
+    assert "--no-cross-node-sp" in sp_reason(LLAMA, hw, 16, allow_cross_node_sp=False)
     assert "does not divide the world" in sp_reason(LLAMA, hw, 3)
-    assert build_space(LLAMA, hw, Workload(8192)).sp == (1, 2, 4, 8)
-    assert build_space(LLAMA, hw, Workload(8192), allow_cross_node_sp=True).sp == (1, 2, 4, 8, 16, 32)
+    assert build_space(LLAMA, hw, Workload(8192)).sp == (1, 2, 4, 8, 16, 32)
+    forbidden = build_space(LLAMA, hw, Workload(8192), allow_cross_node_sp=False)
+    assert forbidden.sp == (1, 2, 4, 8) and max(c.sp for c in forbidden.candidates()) == 8
 
 
 def test_padding_is_valid_and_measured():
@@ -69,7 +92,7 @@ def test_candidate_rules_return_one_line_reasons():
     assert "micro_batch" in invalid_reason(LLAMA, hw, Workload(4096, global_batch=12),
                                            Candidate(sp=2, dp=4, micro_batch=2, grad_accum=1))
     for reason in (invalid_reason(LLAMA, hw, wl, Candidate(sp=8, mlp_chunks=16)),
-                   sp_reason(LLAMA, cluster(8, 2), 16)):
+                   sp_reason(LLAMA, cluster(8, 2), 16, allow_cross_node_sp=False)):
         assert "\n" not in reason
 
 
@@ -88,7 +111,7 @@ def test_enumeration_equals_filtering_the_full_product(model, hw, wl, cross):
     brute = set()
     knobs = space_mod.SearchSpace.KNOBS
     all_sp = [d for d in range(1, hw.world_size + 1) if hw.world_size % d == 0]
-    choices = dict(space.choices(), sp=tuple(all_sp), micro_batch=space_mod.MICRO_BATCHES)
+    choices = dict(space.choices(), sp=tuple(all_sp), ring=tuple(all_sp), micro_batch=space_mod.MICRO_BATCHES)
     for values in itertools.product(*(choices[k] for k in knobs)):
         knob = dict(zip(knobs, values))
         if knob["offload_activations"] and knob["checkpointing"] == "none":
