@@ -7,7 +7,6 @@ cold run takes about a second and a cached one a fraction of that.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 
@@ -40,7 +39,7 @@ plan cache:
   identical requests are answered from $AUTOSP_CACHE, else $XDG_CACHE_HOME/autosp/plans.sqlite,
   else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it). --cache and
   $AUTOSP_CACHE also take a database URL shared by a team and its CI, e.g.
-  postgresql+psycopg://user@host/db (pip install 'autosp[db]'); see docs/shared-planning.md.
+  postgresql+psycopg://user@host/db (the [db] extra: pip install -e '.[db]'); see docs/shared-planning.md.
 
 distributed search (several workers, one Optuna study):
   autosp-plan ... --storage postgresql+psycopg://user@host/db --trials 30     # on each machine
@@ -146,14 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_output_path(path: str, flag: str) -> None:
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        raise UsageError(f"{flag} {path}: cannot write in {probe}")
+    """Before any search: refuse a directory, device, pipe or unwritable place (autosp.files)."""
+    from autosp.files import check_output
+
+    check_output(path, flag)
 
 
 def _model_rows(models) -> list[str]:
@@ -204,7 +199,7 @@ def main(argv=None) -> int:
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (try: autosp-plan --model llama --ctx 200k --hw h100x8)")
     for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
-        if path:
+        if path is not None:  # "" too: a path was asked for
             _check_output_path(path, flag)
 
     from autosp.planner.api import make_plan

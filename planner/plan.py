@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -134,14 +133,11 @@ def plan_from_dict(data: dict) -> Plan:
 
 
 def read_json(path: str | os.PathLike, what: str = ""):
-    """The JSON in ``path``; unreadable or malformed files are a one-line UsageError naming ``what`` it is."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as err:
-        raise UsageError(f"cannot read {what}{path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{what}{path} is not valid JSON (line {err.lineno}): {err.msg}") from None
+    """The JSON in ``path``; unreadable, binary or malformed files (and pipes, devices, directories) are a
+    one-line UsageError naming ``what`` it is (:func:`autosp.files.read_json`)."""
+    from autosp.files import read_json as _read_json
+
+    return _read_json(path, what)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -149,17 +145,11 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash never leaves a half-written file behind."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".autosp-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+    """Write ``text`` to ``path`` so that a crash never leaves a half-written file behind, and only ever
+    replace a regular file (:func:`autosp.files.write_text`)."""
+    from autosp.files import write_text
+
+    write_text(path, text)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> None:
