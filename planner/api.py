@@ -15,7 +15,9 @@ from dataclasses import asdict, replace
 from autosp.cost_models.specs import DTYPES, Candidate, Estimate, HardwareSpec, ModelSpec, Workload
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.plan import OBJECTIVES, Plan, RunnerUp
-from autosp.planner.units import format_gib, format_seconds, format_tokens, parse_count, parse_ctx
+from autosp.planner.shortfall import memory_shortfall
+from autosp.planner.units import (MAX_TRIALS, check_seed, format_gib, format_seconds, format_tokens, parse_count,
+                                  parse_ctx)
 
 SEARCHES = ("optuna", "exhaustive")
 
@@ -38,11 +40,20 @@ def _resolve_model_and_profile(model):
     return resolve_model_and_profile(model)
 
 
+def _fallback_reason(spec: ModelSpec) -> str | None:
+    from autosp.planner.profile_fallback import fallback_reason
+
+    return fallback_reason(spec)
+
+
 def _resolve_hardware(hw, nodes) -> HardwareSpec:
     if nodes is not None:
         nodes = parse_count(nodes, "--nodes")
     if isinstance(hw, HardwareSpec):
-        return hw if nodes is None else replace(hw, nodes=nodes)
+        from autosp.planner.hardware_checks import validate_hardware, with_nodes
+
+        where = f"hardware {hw.name!r}"
+        return validate_hardware(hw if nodes is None else with_nodes(hw, nodes, where), where)
     if not isinstance(hw, str) or not hw.strip():
         raise UsageError(f"--hw must be a catalog name such as h100x8 or a path to a cluster file, got {hw!r}")
     from autosp.planner.hardware import resolve_hardware
@@ -58,11 +69,10 @@ def _check_options(objective, search, dtype, trials, top_k, seed):
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if trials is not None:
-        trials = parse_count(trials, "--trials")
+        trials = parse_count(trials, "--trials", most=MAX_TRIALS, hint="use --search exhaustive to score every candidate")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise UsageError(f"top_k must be a non-negative integer, got {top_k!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise UsageError(f"--seed must be an integer, got {seed!r}")
+    check_seed(seed)
     return trials
 
 
@@ -227,6 +237,8 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
     }
     if profile is not None:
         search_info["model_profile"] = f"graph {profile.fingerprint}"
+    elif _fallback_reason(model_spec):
+        search_info["model_profile"] = f"analytic fallback ({_fallback_reason(model_spec)})"
     if objective == "max-ctx":
         search_info["max_ctx_tokens"] = result.seq_len
         search_info["max_ctx_granule"] = CTX_GRANULE
@@ -344,7 +356,8 @@ def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Esti
     diff = _differences(cand, best)
     if not est.fits:
         text = (f"does not fit: needs {format_gib(est.memory.total)} > {format_gib(est.capacity_bytes)} "
-                f"per GPU at {format_tokens(seq_len)} tokens")
+                f"per GPU at {format_tokens(seq_len)} tokens" if math.isfinite(est.memory.total) else
+                f"does not fit at {format_tokens(seq_len)} tokens: {memory_shortfall(est)}")
         if est.tokens_per_second > best_est.tokens_per_second:
             pct = 100 * (est.tokens_per_second / best_est.tokens_per_second - 1)
             text = f"would be {pct:.1f}% faster but " + text
@@ -433,40 +446,63 @@ def _needs(cand: Candidate, est: Estimate) -> str:
 MAX_SCALE_NODES = 4096
 
 
-def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
-    """Scale the cluster by powers of two (same nodes, more of them) until the leanest plan fits.
-
-    Returns (nodes, cross_node_sp, None) for the smallest size that fits, or (None, None, leanest at
-    the largest size tried) when none does."""
+def _smallest_fit(space, seq_len: int, cross: bool, first_factor: int):
+    """Scale the cluster by powers of two (same nodes, more of them) from ``first_factor`` until the leanest
+    plan fits. Returns (nodes, None) for the smallest size that fits, or (None, (bigger hw, leanest) at the
+    largest size tried, or None)."""
     from autosp.planner.space import build_space
 
     hw = space.hardware
     last = None
-    for cross in ((False, True) if not allow_cross_node_sp else (True,)):
-        factor = 2
-        while hw.nodes * factor <= MAX_SCALE_NODES:
-            bigger = replace(hw, nodes=hw.nodes * factor)
-            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
-                              profile=space.profile)
-            lean = _leanest(sub, seq_len)
-            if lean is not None and lean[1].fits:
-                return bigger.nodes, cross, None
-            if lean is not None:
-                last = (bigger, lean)
-            factor *= 2
-    return None, None, last
+    factor = first_factor
+    while hw.nodes * factor <= MAX_SCALE_NODES:
+        bigger = replace(hw, nodes=hw.nodes * factor)
+        sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
+                          profile=space.profile)
+        lean = _leanest(sub, seq_len)
+        if lean is not None and lean[1].fits:
+            return bigger.nodes, None
+        if lean is not None:
+            last = (bigger, lean)
+        factor *= 2
+    return None, last
+
+
+def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
+    """(nodes without cross-node SP or None, nodes with it or None, leanest at the largest size tried).
+
+    With ``allow_cross_node_sp`` only the second is searched; without it both are, the second from the
+    cluster as it is (the flag alone may be what is missing)."""
+    within = (None, None) if allow_cross_node_sp else _smallest_fit(space, seq_len, False, 2)
+    across = _smallest_fit(space, seq_len, True, 2 if allow_cross_node_sp else 1)
+    return within[0], across[0], across[1] or within[1]
 
 
 def _more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
-    nodes, cross, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
+    within, across, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
     hw = space.hardware
-    if nodes is None:
-        if last is None:
-            return "more GPUs of this kind would not help"
-        bigger, (cand, est) = last
-        return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
-    flag = " --allow-cross-node-sp" if cross and not allow_cross_node_sp else ""
-    return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
+    per = hw.devices_per_node
+
+    def fit(nodes, cross):
+        spanning = " with SP groups spanning nodes" if cross else ""
+        return (f"about {nodes * per:,} GPUs would fit{spanning} (--nodes {nodes}"
+                f"{' --allow-cross-node-sp' if cross else ''})")
+
+    without = f", {fit(within, False)[6:].replace(' would fit', '')} without" if within else ""
+    if allow_cross_node_sp:
+        if across is not None:
+            return fit(across, False)
+    elif across is not None and across == hw.nodes:
+        return ("it fits on these GPUs with SP groups spanning nodes (--allow-cross-node-sp: their all-to-alls "
+                f"use the inter-node links){', or ' + fit(within, False) if within else ''}")
+    elif across is not None and (within is None or across < within):
+        return fit(across, True) + without
+    elif within is not None:
+        return fit(within, False)
+    if last is None:
+        return "more GPUs of this kind would not help"
+    bigger, (cand, est) = last
+    return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
 
 
 def _infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:

@@ -187,7 +187,7 @@ def resolve_target(art: Artifact, args) -> Target:
     if args.hw:
         hardware, hw_shown = _resolve_hardware(args.hw, args.nodes), args.hw
     elif art.hardware is not None:
-        hardware = art.hardware if args.nodes is None else _resolve_hardware(art.hardware, args.nodes)
+        hardware = _resolve_hardware(art.hardware, args.nodes)  # checked: a hand-edited plan may hold zeros
         hw_shown = art.hardware.name
     else:
         try:
@@ -332,7 +332,7 @@ def _now_dict(reason, est) -> dict:
 
 
 def run_check(args) -> dict:
-    from autosp.planner.units import format_gib, format_tokens
+    from autosp.planner.units import format_tokens
 
     tol = parse_tolerance(args.tolerance)
     art = load_artifact(args.file)
@@ -353,8 +353,9 @@ def run_check(args) -> dict:
         reasons.append(f"invalid on {where}: {reason}")
     elif not est.fits:
         status = INFEASIBLE
-        reasons.append(f"does not fit on {where}: needs {format_gib(est.memory.total)} per GPU, "
-                       f"{format_gib(est.capacity_bytes)} usable")
+        from autosp.planner.shortfall import memory_shortfall
+
+        reasons.append(f"does not fit on {where}: {memory_shortfall(est)}")
 
     drift = []  # the same knobs on the same target priced differently: the cost model changed under the plan
     if est is not None and art.estimate is not None and not changed_target:
@@ -424,6 +425,24 @@ def run_check(args) -> dict:
     return result
 
 
+def _gib_or_host(nbytes: float, fmt: str = ",.1f") -> str:
+    """GiB, or what an infinite total means (offloads beyond host memory; the reasons say how much)."""
+    from autosp.planner.units import GIB
+
+    return f"{nbytes / GIB:{fmt}} GiB" if nbytes != float("inf") else "host memory short"
+
+
+def _json_safe(value):
+    """``--json`` output that strict parsers (jq) read: infinite or NaN figures become null."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def render_check(r: dict) -> str:
     from autosp.planner.units import GIB
 
@@ -436,8 +455,11 @@ def render_check(r: dict) -> str:
     if not now["valid"]:
         lines.append(f"  {'valid':<10}no: {now['invalid_reason']}")
     else:
-        lines.append(f"  {'memory':<10}{now['memory_bytes'] / GIB:,.1f} GiB of {now['capacity_bytes'] / GIB:,.1f} GiB "
-                     f"usable per GPU: {'fits' if now['fits'] else 'DOES NOT FIT'}")
+        if now["memory_bytes"] == float("inf"):
+            lines.append(f"  {'memory':<10}DOES NOT FIT: its offloads need more host memory than the node has (why: below)")
+        else:
+            lines.append(f"  {'memory':<10}{now['memory_bytes'] / GIB:,.1f} GiB of {now['capacity_bytes'] / GIB:,.1f} GiB "
+                         f"usable per GPU: {'fits' if now['fits'] else 'DOES NOT FIT'}")
         speed = f"{now['tokens_per_second']:,.0f} tokens/s predicted now"
         if r["committed"]:
             speed += f" (committed: {r['committed']['tokens_per_second']:,.0f})"
@@ -558,7 +580,7 @@ def render_select(r: dict) -> str:
             state, tps, mem = f"invalid: {row['invalid_reason']}", "-", "-"
         else:
             state = "fits" if row["fits"] else "does not fit"
-            tps, mem = f"{row['tokens_per_second']:,.0f}", f"{row['memory_bytes'] / GIB:.1f} GiB"
+            tps, mem = f"{row['tokens_per_second']:,.0f}", _gib_or_host(row["memory_bytes"], ".1f")
         if row["made_for_another_target"]:
             state += " (made for another target)"
         mark = "*" if row["file"] == chosen else " "
@@ -650,7 +672,7 @@ def _plain_help(p):
 def main(sub: str, argv: list[str]) -> int:
     if sub == "check":
         args = build_check_parser().parse_args(argv)
-        if args.best_out:
+        if args.best_out is not None:
             from autosp.planner.cli import _check_output_path
 
             _check_output_path(args.best_out, "--best-out")
@@ -660,11 +682,11 @@ def main(sub: str, argv: list[str]) -> int:
         from autosp.planner.cli import _check_output_path
 
         for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
-            if path:
+            if path is not None:
                 _check_output_path(path, flag)
         result, render = run_select(args), render_select
     if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json_safe(result), indent=2) + "\n")
     else:
         sys.stdout.write(render(result))
     return result["exit_code"]
