@@ -169,7 +169,7 @@ def run_spawned(world: int, cfg: LaunchConfig) -> dict:
             init_method = f"tcp://127.0.0.1:{free_port()}"
             try:
                 mp.spawn(_spawn_entry, args=(world, cfg, init_method, result_path), nprocs=world, join=True)
-            except mp.ProcessException as err:
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:  # a rank raised, or was killed
                 lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
                 raise WorkerFailed(lines[-1] if lines else str(err)) from None
             with open(result_path, encoding="utf-8") as f:
