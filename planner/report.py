@@ -36,6 +36,18 @@ def _hw_line(hw) -> str:
     return f"{hw.name} ({hw.devices_per_node} x {acc.name})"
 
 
+def _sp_scope(plan) -> str:
+    """On a multi-node cluster: may an SP group span nodes, and what the flag would change."""
+    hw, c = plan.hardware, plan.candidate
+    if plan.search.get("allow_cross_node_sp"):
+        where = "spans nodes" if c.sp > hw.devices_per_node else "within a node"
+        return f"may span nodes (--allow-cross-node-sp); this one is {where}"
+    excluded = plan.search.get("excluded_sp") or {}
+    wider = sorted((int(sp) for sp in excluded if "span" in str(excluded[sp])), key=int)
+    more = f"; sp {', '.join(map(str, wider))} would need --allow-cross-node-sp" if wider else ""
+    return f"within a node of {hw.devices_per_node} GPUs{more}"
+
+
 def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
@@ -65,6 +77,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
                               "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
     ]
+    if hw.nodes > 1:
+        rows.insert(1, ("SP groups", _sp_scope(plan)))
     for label, value in rows:
         lines.append(f"  {label:<30}{value}")
     pad = plan.search.get("padding_tokens", 0)
@@ -99,6 +113,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     lines.append(f"  {'MFU':<20}{100 * e.mfu:.1f}%")
     for note in e.notes:
         lines.append(f"  note: {note}")
+    profile = str(plan.search.get("model_profile", ""))
+    if profile.startswith("analytic fallback"):
+        lines.append(f"  note: {m.name} is priced with the analytic Llama-block formulas: {profile[len('analytic fallback'):].strip(' ()')}")
     lines.append("")
 
     measured = plan.search.get("measured")
