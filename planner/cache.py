@@ -6,7 +6,7 @@ Where (``--cache LOCATION``, else ``$AUTOSP_CACHE``, else ``$XDG_CACHE_HOME/auto
 - a file path, or ``sqlite:///PATH``: a SQLite file through Python's ``sqlite3`` (no extra dependency);
 - any other SQLAlchemy database URL, e.g. ``postgresql+psycopg://user@host/db`` for a cache shared by
   a team and its CI: :class:`SQLAlchemyPlanStore`, tables ``autosp_plans`` and ``autosp_cache_meta``
-  (``pip install 'autosp[db]'``; SQLAlchemy is imported only when such a URL is used).
+  (the ``[db]`` extra; SQLAlchemy is imported only when such a URL is used).
 
 What: the key is a SHA-256 of everything the answer depends on (:func:`request_key`): the model
 fingerprint (and its graph profile's, when it has one), the hardware fingerprint, the workload, the
@@ -45,6 +45,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autosp.messages import install_hint
+
 SCHEMA = 2
 """Storage schema of both backends. 1: (key, created_at, autosp_version, request, plan); 2: + the key's
 parts in their own columns and a meta table."""
@@ -72,9 +74,11 @@ _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
+    from autosp.messages import one_line  # a driver's error can run to pages: one line, shortened
+
     if message not in _warned:
         _warned.add(message)
-        print(f"autosp-plan: warning: {message}", file=sys.stderr)
+        print(f"autosp-plan: warning: {one_line(message)}", file=sys.stderr)
 
 
 # -- where, and the key ---------------------------------------------------------------------------
@@ -368,7 +372,7 @@ def _import_sqlalchemy(url: str):
     except ImportError:
         from autosp.errors import UsageError
 
-        raise UsageError(f"--cache {url}: a database URL needs SQLAlchemy: pip install 'autosp[db]'") from None
+        raise UsageError(f"--cache {url}: a database URL needs SQLAlchemy: {install_hint('db')}") from None
     return sqlalchemy
 
 
@@ -390,7 +394,7 @@ def make_engine(url: str, flag: str = "--cache"):
         engine = sa.create_engine(parsed, **kwargs)
     except ImportError as err:
         raise UsageError(f"{flag} {shown}: the database driver is not installed ({err}); for PostgreSQL: "
-                         f"pip install 'autosp[db]' (psycopg 3, URL postgresql+psycopg://...)") from None
+                         f"{install_hint('db')} (psycopg 3, URL postgresql+psycopg://...)") from None
     except Exception as err:  # noqa: BLE001 - NoSuchModuleError (unknown dialect), bad arguments
         raise UsageError(f"{flag} {shown}: {type(err).__name__}: {err}") from None
     return sa, engine, shown
