@@ -54,8 +54,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="autosp-train",
-        description="Train a causal LM sequence-parallel (Ulysses) under DeepSpeed, as a plan says. Launch one "
-                    "process per device with torchrun or the deepspeed launcher.",
+        description="Train a causal LM sequence-parallel (Ulysses) under DeepSpeed, as a plan says: one process "
+                    "per device, started by --nproc-per-node N on one machine, or by torchrun or the deepspeed "
+                    "launcher on several machines.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  autosp-train --nproc-per-node 8 --plan plan.json --steps 50\n"
@@ -244,7 +245,10 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", args.local_rank or 0)))
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_PORT" not in os.environ:  # one process, no launcher: any free port (29500 may be taken)
+            from autosp.compiler.train_launch import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port())
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")

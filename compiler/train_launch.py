@@ -20,12 +20,12 @@ from multiprocessing.connection import wait
 
 from autosp.errors import AutospError
 
-__all__ = ["run_processes", "without_nproc_flag"]
+__all__ = ["free_port", "run_processes", "without_nproc_flag"]
 
 STOP_GRACE_S = 10.0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -56,7 +56,7 @@ def _child(rank: int, world: int, port: int, threads: int, argv: list[str]) -> N
 def run_processes(world: int, argv: list[str]) -> int:
     """Run ``autosp-train argv`` on ``world`` local processes; 0 when all succeed, else the first failure's code."""
     context = multiprocessing.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // world)
     procs = [context.Process(target=_child, args=(rank, world, port, threads, argv), name=f"autosp-train-{rank}")

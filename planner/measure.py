@@ -83,6 +83,8 @@ class MeasureOptions:
             raise UsageError(f"--measure-backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.timeout_s, (int, float)) or not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
             raise UsageError(f"--measure-timeout must be a positive number of seconds, got {self.timeout_s!r}")
+        if self.keep_dir is not None and (os.path.lexists(self.keep_dir) and not os.path.isdir(self.keep_dir)):
+            raise UsageError(f"--measure-dir {self.keep_dir}: exists and is not a directory")
         if self.launcher is None and hardware.nodes > 1:
             raise UsageError(f"--measure on {hardware.nodes} nodes needs --measure-launcher (the default launcher "
                              "starts processes on this machine only)")
