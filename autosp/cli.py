@@ -1,22 +1,16 @@
-"""Console entry points. Each one imports its command lazily and turns AutospError into one line."""
+"""Console entry points. Each one imports its command lazily and runs it under :mod:`autosp.guard`, which
+turns every failure into one line and a documented exit code (never a traceback)."""
 
 from __future__ import annotations
 
-import sys
-
-from autosp.errors import AutospError
+from autosp.guard import run_command
 
 
 def _run(prog: str, module: str, argv=None) -> int:
-    try:
-        main = getattr(__import__(module, fromlist=["main"]), "main")
-        return int(main(argv) or 0)
-    except AutospError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    def main(args):
+        return getattr(__import__(module, fromlist=["main"]), "main")(args)
+
+    return run_command(prog, main, argv)
 
 
 def plan_main(argv=None) -> int:

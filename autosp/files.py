@@ -1,39 +1,177 @@
-"""Reading and writing the files autosp's commands take and produce: one-line errors, never a half-written
-file. Shared by the planner (plans, DeepSpeed configs), the calibration tool (hardware profiles) and the
-CLIs."""
+"""Reading inputs and writing outputs safely, for every autosp command.
+
+Writing (``--plan-out``, ``--ds-config``, ``--best-out``, ``autosp-calibrate --out``, ``autosp-train
+--log-json``):
+
+- only to a regular file, new or existing; a directory, device node, named pipe or socket at the path is
+  refused with one line (a command must never replace ``/dev/...`` or feed a pipe a half-written plan);
+- a symbolic link is followed: the file it points to is replaced, the link stays a link;
+- atomically: the text goes to a temporary file in the target's own directory (same filesystem), is
+  flushed to disk, then renamed over the target, so a reader sees the old file or the new one, never a
+  part; a failure removes the temporary file;
+- with the mode the file would get from ``open(path, "w")``: an existing file keeps its permission bits,
+  a new one gets ``0666 & ~umask``;
+- :func:`check_output` answers "could this be written?" before any work is done (by creating and removing
+  a probe file: permission bits do not tell root the truth), so a bad path fails in a second, not after
+  an hour of search or measurement.
+
+Reading (plans, DeepSpeed configs, hardware and model files): :func:`read_text` refuses directories,
+pipes and devices (opening a named pipe would block forever), files too large to be what they claim,
+and bytes that are not UTF-8 text, each with one line naming the file. Every failure is a
+:class:`~autosp.errors.UsageError`.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 
 from autosp.errors import UsageError
 
+__all__ = ["MAX_INPUT_BYTES", "check_output", "file_kind", "read_json", "read_text", "write_text"]
 
-def read_json(path: str | os.PathLike, what: str = ""):
-    """The JSON in ``path``; unreadable or malformed files are a one-line UsageError naming ``what`` it is."""
+MAX_INPUT_BYTES = 64 * 2**20
+"""Plans, configs and profiles are kilobytes; a bigger input is the wrong file (and reading a multi-GB
+file into memory to find that out is the unbounded work this module refuses)."""
+
+
+def file_kind(mode: int) -> str:
+    """'a directory', 'a named pipe (FIFO)', ... for an ``st_mode``; 'a regular file' for one."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _label(flag: str, path) -> str:
+    return f"{flag} {path}" if flag else str(path)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask can only set it)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _target(path, flag: str) -> tuple[str, os.stat_result | None]:
+    """(the real path a write lands on, its stat or None when it does not exist yet)."""
+    text = os.fspath(path)
+    if not text or "\0" in text:
+        raise UsageError(f"{_label(flag, repr(text))}: not a usable file name")
+    real = os.path.realpath(text)  # follow symbolic links: replace the file, keep the link
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return real, None
     except OSError as err:
-        raise UsageError(f"cannot read {what}{path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{what}{path} is not valid JSON (line {err.lineno}): {err.msg}") from None
+        raise UsageError(f"{_label(flag, text)}: cannot use this path: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        hint = "; give a file name inside it" if stat.S_ISDIR(st.st_mode) else ""
+        raise UsageError(f"{_label(flag, text)}: is {file_kind(st.st_mode)}, not a regular file; autosp writes "
+                         f"regular files only{hint}")
+    return real, st
 
 
-def write_text_atomically(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that a crash never leaves a half-written file behind."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+def check_output(path, flag: str = "") -> None:
+    """Fail now, with one line, if :func:`write_text` could not write ``path`` later."""
+    real, _ = _target(path, flag)
+    probe_dir = os.path.dirname(real)
+    while not os.path.lexists(probe_dir):  # write_text creates missing parent directories
+        probe_dir = os.path.dirname(probe_dir)
+    if not os.path.isdir(probe_dir):
+        raise UsageError(f"{_label(flag, path)}: cannot create it: {probe_dir} is not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".autosp-probe-"):
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write {_label(flag, path)}: {probe_dir}: {err.strerror or err}") from None
+
+
+def write_text(path, text: str, flag: str = "") -> None:
+    """Replace ``path`` with ``text`` atomically (see the module docstring); UsageError on failure."""
+    real, st = _target(path, flag)
+    directory = os.path.dirname(real)
+    tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".autosp-", suffix=".tmp")
+        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(real)}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
+            f.flush()
+            os.fsync(f.fileno())
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, real)
+        tmp = None
     except OSError as err:
-        raise UsageError(f"cannot write {path}: {err.strerror}") from None
+        where = f"{_label(flag, path)}" if flag else f"{path}"
+        raise UsageError(f"cannot write {where}: {err.strerror or err}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
-__all__ = ["read_json", "write_text_atomically"]
+def read_text(path, what: str = "", *, missing_hint: str = "", allow_bom: bool = True,
+              limit: int = MAX_INPUT_BYTES) -> str:
+    """The UTF-8 text of the regular file ``path``. ``what`` names it in errors ("plan ", "cluster file ").
+
+    A leading UTF-8 byte-order mark is dropped, or refused with ``allow_bom=False`` (for files another
+    library reads after us and would choke on)."""
+    label = f"{what}{os.fspath(path)}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"cannot read {label}: it does not exist{missing_hint}") from None
+    except OSError as err:
+        raise UsageError(f"cannot read {label}: {err.strerror or err}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{label} is {file_kind(st.st_mode)}, not a file{missing_hint if stat.S_ISDIR(st.st_mode) else ''}")
+    if st.st_size > limit:
+        raise UsageError(f"{label} is {st.st_size / 2**20:,.0f} MiB, more than any {what.strip() or 'input'} "
+                         f"autosp reads ({limit // 2**20} MiB); is it the right file?")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        if err.errno == errno.EISDIR:
+            raise UsageError(f"{label} is a directory, not a file") from None
+        raise UsageError(f"cannot read {label}: {err.strerror or err}") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        if not allow_bom:
+            raise UsageError(f"{label} starts with a UTF-8 byte-order mark, which transformers cannot read; "
+                             "save it as plain UTF-8 (without BOM)")
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{label} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                         "is it the right file?") from None
+
+
+def read_json(path, what: str = "", **options):
+    """The JSON value in ``path`` (see :func:`read_text`); malformed JSON is one line with its line number."""
+    text = read_text(path, what, **options)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{what}{os.fspath(path)} is not valid JSON (line {err.lineno}): {err.msg}") from None
+    except ValueError as err:  # e.g. an integer longer than Python converts
+        raise UsageError(f"{what}{os.fspath(path)} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise UsageError(f"{what}{os.fspath(path)} nests JSON too deeply to be a real file") from None

@@ -60,9 +60,26 @@ def parse_ctx(text) -> int:
     return _parse_scaled(text, "--ctx", allow_suffix=True)
 
 
-def parse_count(text, what: str) -> int:
-    """A positive integer such as ``--nodes 4`` or ``--global-batch 64`` (``_`` separators allowed)."""
-    return _parse_scaled(text, what, allow_suffix=False)
+def parse_count(text, what: str, most: int | None = None, hint: str = "") -> int:
+    """A positive integer such as ``--nodes 4`` or ``--global-batch 64`` (``_`` separators allowed), at most
+    ``most`` when given (``hint`` then says what to do instead)."""
+    value = _parse_scaled(text, what, allow_suffix=False)
+    if most is not None and value > most:
+        raise UsageError(f"{what} {value:,} is more than autosp runs ({most:,}){'; ' + hint if hint else ''}")
+    return value
+
+
+SEED_RANGE = (0, 2**32 - 1)
+"""numpy's (and so Optuna's) seed range."""
+
+
+def check_seed(seed, what: str = "--seed") -> int:
+    """An integer seed in :data:`SEED_RANGE`."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise UsageError(f"{what} must be an integer, got {seed!r}")
+    if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise UsageError(f"{what} must be between {SEED_RANGE[0]} and {SEED_RANGE[1]:,} (2**32 - 1), got {seed}")
+    return seed
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?$")
@@ -120,4 +137,4 @@ def format_seconds(seconds: float) -> str:
 
 
 __all__ = ["CTX_GRAMMAR", "GIB", "MAX_TOKENS", "SUFFIXES", "format_gib", "format_seconds", "format_tokens",
-           "parse_count", "parse_ctx", "parse_seconds"]
+           "SEED_RANGE", "check_seed", "parse_count", "parse_ctx", "parse_seconds"]

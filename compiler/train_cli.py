@@ -1,11 +1,17 @@
 """``autosp-train``: train a causal LM sequence-parallel under a plan, printing loss, step time and peak
 memory per optimizer step.
 
-Launch one process per device (every process gets the same arguments)::
+One process per device; on one machine autosp-train starts them itself, on several a launcher does
+(every process gets the same arguments)::
 
-    torchrun --nproc-per-node 4 $(which autosp-train) --plan plan.json --steps 20
+    autosp-train --nproc-per-node 4 --plan plan.json --steps 20
+    torchrun --nnodes 2 --nproc-per-node 4 ... -m autosp.compiler.train_cli --plan plan.json --steps 20
     deepspeed --num_gpus 4 $(which autosp-train) --plan plan.json --steps 20
     autosp-train --model llama-3.2-1b --layers 2 --sp 1 --ctx 2k      # one process
+
+Everything that can be checked without the model (the plan's process count against the launch, heads
+against the SP degree, the data file, the log path, host memory for the weights) is checked first, once
+(:mod:`autosp.compiler.preflight`); bad input is one line on stderr, printed by rank 0 only.
 
 What is trained:
 
@@ -24,14 +30,12 @@ full batch and the engine keeps its shard. Labels are the input ids (the model s
 
 The plan's SP degree (Ulysses x ring), DP degree, ZeRO stage, micro-batch, gradient accumulation and optimizer
 offload are applied; ``--sp`` (and ``--ring``, ``--zero``, ``--micro-batch``, ``--grad-accum``) make a plan by
-hand. Output: one
-line per optimizer step on rank 0 (``--log-json`` also writes them as JSON lines).
+hand. Output: one line per optimizer step on rank 0 (``--log-json`` also writes them as JSON lines).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,16 +44,26 @@ import time
 from autosp.errors import UsageError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one UsageError line (exit 2) instead of the usage text."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see autosp-train --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autosp-train",
-        description="Train a causal LM sequence-parallel (Ulysses x Ring) under DeepSpeed, as a plan says. Launch one "
-                    "process per device with torchrun or the deepspeed launcher.",
+        description="Train a causal LM sequence-parallel (Ulysses x Ring) under DeepSpeed, as a plan says: one process "
+                    "per device, started by --nproc-per-node N on one machine, or by torchrun or the deepspeed "
+                    "launcher on several machines.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
-               "  torchrun --nproc-per-node 8 $(which autosp-train) --plan plan.json --steps 50\n"
-               "  torchrun --nproc-per-node 2 $(which autosp-train) --model llama-3.2-1b --layers 2 --sp 2 "
-               "--ctx 4k --dtype fp32 --backend aot_eager\n")
+               "  autosp-train --nproc-per-node 8 --plan plan.json --steps 50\n"
+               "  autosp-train --nproc-per-node 2 --model llama-3.2-1b --layers 2 --sp 2 --ctx 4k --dtype fp32 "
+               "--backend aot_eager\n"
+               "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m autosp.compiler.train_cli "
+               "--plan plan.json\n")
     what = parser.add_argument_group("what to train")
     what.add_argument("--plan", help="plan JSON from autosp-plan --plan-out")
     what.add_argument("--model", help="preset name or a Hugging Face config.json (or its directory); default: the "
@@ -76,57 +90,42 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lr", type=float, default=1e-4)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--log-json", help="also write one JSON object per step to this file (rank 0)")
+    run.add_argument("--nproc-per-node", type=int, metavar="N",
+                     help="start N training processes on this machine (one per GPU; the plan's sp x dp); not "
+                          "needed under torchrun or the deepspeed launcher")
     run.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
 
-def _build_model(args, plan, torch):
-    """(model, description, vocab)."""
-    from autosp.cost_models.catalog.models import resolve_model
+def _build_model(args, facts, torch):
+    """(model, description, vocab) of the checked :class:`~autosp.compiler.preflight.ModelFacts`."""
+    if facts.hf_path is not None:
+        from autosp.compiler.preflight import hf_model_class
 
-    hf_path = None
-    if args.model and (os.path.sep in args.model or args.model.endswith(".json") or os.path.isdir(args.model)):
-        hf_path = args.model
-    if hf_path is not None:
-        try:
-            import transformers
-        except ImportError:
-            raise UsageError("a Hugging Face config needs transformers: pip install 'autosp[hf]'") from None
-        config_dir = os.path.dirname(hf_path) if hf_path.endswith(".json") else hf_path
-        try:
-            config = transformers.AutoConfig.from_pretrained(config_dir)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"cannot read the Hugging Face config {hf_path}: {err}") from None
+        _, config = hf_model_class(facts)
+        import transformers
+
         config.use_cache = False
+        spec = facts.spec
         for field, key in (("n_layers", "num_hidden_layers"), ("hidden", "hidden_size"),
                            ("n_heads", "num_attention_heads"), ("n_kv_heads", "num_key_value_heads"),
                            ("ffn_hidden", "intermediate_size"), ("vocab", "vocab_size")):
             if getattr(args, field) is not None:
-                setattr(config, key, getattr(args, field))
+                setattr(config, key, getattr(spec, field))
         if args.hidden is not None or args.n_heads is not None:
-            config.head_dim = config.hidden_size // config.num_attention_heads
+            config.head_dim = spec.head_dim
         if args.checkpoint and os.path.isdir(args.checkpoint):
-            model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, config=config,
-                                                                      attn_implementation="sdpa")
+            try:
+                model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, config=config,
+                                                                          attn_implementation="sdpa")
+            except (OSError, ValueError, RuntimeError) as err:
+                raise UsageError(f"cannot load the checkpoint {args.checkpoint}: {str(err).splitlines()[0][:200]}") from None
         else:
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-        return model, f"{config.model_type} ({hf_path})", config.vocab_size
-    if args.model:
-        spec = resolve_model(args.model)
-    elif plan is not None:
-        spec = plan.model
-    else:
-        raise UsageError("say what to train: --model PRESET or CONFIG.json, or --plan")
-    changes = {f: getattr(args, f) for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab")
-               if getattr(args, f) is not None}
-    if "hidden" in changes or "n_heads" in changes:
-        changes["head_dim"] = changes.get("hidden", spec.hidden) // changes.get("n_heads", spec.n_heads)
-    try:
-        spec = dataclasses.replace(spec, **changes)
-    except ValueError as err:
-        raise UsageError(f"invalid model override: {err}") from None
+        return model, f"{config.model_type} ({facts.hf_path})", config.vocab_size
     from autosp.compiler.models import Llama
 
+    spec = facts.spec
     model = Llama.from_spec(spec)
     return model, f"{spec.name} (reference Llama, {spec.n_params() / 1e6:.1f}M parameters)", spec.vocab
 
@@ -136,55 +135,39 @@ def _load_checkpoint(model, path, torch):
         return
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as err:
-        raise UsageError(f"cannot read checkpoint {path}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - not a torch file, truncated, pickled objects: all the same to the user
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise UsageError(f"cannot read checkpoint {path} (a torch.save'd state dict of tensors): {first}") from None
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if not isinstance(state, dict):
+        raise UsageError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict")
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a tensor of the wrong shape
+        raise UsageError(f"checkpoint {path} does not match the model: {str(err).splitlines()[-1].strip()[:200]}") from None
     if missing or unexpected:
         raise UsageError(f"checkpoint {path} does not match the model: {len(missing)} missing, "
                          f"{len(unexpected)} unexpected keys (first: {(list(missing) + list(unexpected))[0]})")
 
 
 class TokenSource:
-    """Full batches of token windows, identical on every rank (seeded by step)."""
+    """Full batches of token windows, identical on every rank (seeded by step). ``tokens`` is the checked
+    array of :func:`autosp.compiler.preflight.open_tokens` (memory-mapped: only the windows are read)."""
 
-    def __init__(self, spec: str, vocab: int, seq: int, seed: int, data_dtype: str, torch):
-        self.torch, self.vocab, self.seq, self.seed = torch, vocab, seq, seed
-        self.tokens = None
-        if spec != "synthetic":
-            self.tokens = self._load(spec, data_dtype)
-            if self.tokens.numel() < seq + 1:
-                raise UsageError(f"{spec} holds {self.tokens.numel()} tokens, fewer than one sequence of {seq}")
-            top = int(self.tokens.max())
-            if top >= vocab:
-                raise UsageError(f"{spec} has token id {top} but the model's vocabulary is {vocab}")
-
-    def _load(self, path, data_dtype):
-        import numpy as np
-
-        torch = self.torch
-        if not os.path.exists(path):
-            raise UsageError(f"no data file {path} (or use --data synthetic)")
-        if path.endswith(".npy"):
-            array = np.load(path, mmap_mode="r")
-        elif path.endswith(".pt"):
-            tensor = torch.load(path, map_location="cpu", weights_only=True)
-            return tensor.reshape(-1).long()
-        else:
-            try:
-                array = np.memmap(path, dtype=np.dtype(data_dtype), mode="r")
-            except TypeError:
-                raise UsageError(f"unknown --data-dtype {data_dtype}") from None
-        return torch.from_numpy(np.asarray(array).reshape(-1).astype(np.int64))
+    def __init__(self, tokens, vocab: int, seq: int, seed: int, torch):
+        self.torch, self.vocab, self.seq, self.seed, self.tokens = torch, vocab, seq, seed, tokens
 
     def batch(self, step: int, rows: int):
+        import numpy as np
+
         torch = self.torch
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         if self.tokens is None:
             return torch.randint(0, self.vocab, (rows, self.seq), generator=gen)
-        starts = torch.randint(0, self.tokens.numel() - self.seq, (rows,), generator=gen)
-        return torch.stack([self.tokens[s:s + self.seq] for s in starts.tolist()])
+        starts = torch.randint(0, self.tokens.size - self.seq, (rows,), generator=gen)
+        return torch.from_numpy(np.stack([np.asarray(self.tokens[s:s + self.seq], dtype=np.int64)
+                                          for s in starts.tolist()]))
 
 
 def _peak_memory(torch) -> tuple[float, str]:
@@ -195,21 +178,21 @@ def _peak_memory(torch) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "GiB host RSS"
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.steps < 1:
-        raise UsageError("--steps must be at least 1")
-    import warnings
-
-    import torch
-    import torch.distributed as dist
-
-    from autosp.compiler.api import compile_model, load_plan
+def _preflight(args, argv):
+    """Everything checked before torch builds anything (autosp.compiler.preflight); returns what main
+    needs: (launch, plan, candidate, facts, seq, tokens)."""
+    from autosp.compiler import preflight
+    from autosp.compiler.api import load_plan, resolve_candidate
     from autosp.units import parse_ctx
 
-    # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor on every ZeRO-3 gather.
-    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    preflight.check_numbers(args)
+    launch = preflight.launch_from_env(args.nproc_per_node)
+    if args.log_json:
+        from autosp.files import check_output
 
+        check_output(args.log_json, "--log-json")
+    if args.checkpoint and not os.path.exists(args.checkpoint):
+        raise UsageError(f"--checkpoint {args.checkpoint} does not exist")
     plan = load_plan(args.plan) if args.plan else None
     if plan is None and args.sp is None:
         raise UsageError("give --plan or --sp")
@@ -218,12 +201,58 @@ def main(argv=None) -> int:
     seq = parse_ctx(args.ctx) if args.ctx else (plan.workload.seq_len if plan is not None else None)
     if seq is None:
         raise UsageError("give --ctx (the sequence length)")
+    facts = preflight.model_facts(args, plan)
+    if plan is None and launch.world % args.sp:
+        raise UsageError(f"--sp {args.sp} needs a multiple of {args.sp} processes and this launch has {launch.world}: "
+                         f"use --nproc-per-node {args.sp} (or a multiple) on one machine")
+    candidate, _ = resolve_candidate(plan, args.sp, launch.world, zero_stage=None if plan else args.zero,
+                                     micro_batch=None if plan else (args.micro_batch or 1),
+                                     grad_accum=None if plan else args.grad_accum,
+                                     ring_size=None if plan else args.ring)
+    preflight.check_parallel(candidate, facts, launch, args.plan)
+    if facts.hf_path is not None:
+        preflight.hf_model_class(facts)  # transformers knows it, and its attention is SDPA
+    preflight.check_host_memory(facts, launch, candidate, seq)
+    tokens = None
+    if args.data != "synthetic":
+        tokens = preflight.open_tokens(args.data, args.data_dtype, facts.spec.vocab, seq)
+    return launch, plan, candidate, facts, seq, tokens
+
+
+def _write_log(path: str, records: list) -> None:
+    """The step log so far, replaced atomically after every step (a reader never sees half a line)."""
+    from autosp.files import write_text
+
+    write_text(path, "".join(json.dumps(r) + "\n" for r in records), "--log-json")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    launch, plan, _, facts, seq, tokens = _preflight(args, argv)
+    if launch.launcher == "spawn":
+        from autosp.compiler.train_launch import run_processes, without_nproc_flag
+
+        return run_processes(launch.world, main, without_nproc_flag(argv))
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from autosp.compiler.api import compile_model
+
+    # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor on every ZeRO-3 gather.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", args.local_rank or 0)))
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_PORT" not in os.environ:  # one process, no launcher: any free port (29500 may be taken)
+            from autosp.compiler.train_launch import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port())
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("LOCAL_RANK", "0")
@@ -232,7 +261,7 @@ def main(argv=None) -> int:
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
-    model, description, vocab = _build_model(args, plan, torch)
+    model, description, vocab = _build_model(args, facts, torch)
     _load_checkpoint(model, args.checkpoint, torch)
     dtype = args.dtype or (plan.workload.dtype if plan is not None else ("bf16" if cuda else "fp32"))
     options = dict(dtype=dtype, backend=args.backend, lr=args.lr)
@@ -241,39 +270,35 @@ def main(argv=None) -> int:
                        grad_accum=args.grad_accum)
     engine = compile_model(model, plan=plan, **options)
     c = engine.candidate
-    data = TokenSource(args.data, vocab, seq, args.seed, args.data_dtype, torch)
+    data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
-    log = open(args.log_json, "w", encoding="utf-8") if args.log_json and rank == 0 else None
+    records = []
     if rank == 0:
         print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} sequences per micro-step, "
               f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}",
               flush=True)
-    try:
-        for step in range(args.steps):
-            start = time.perf_counter()
-            losses = []
-            for micro in range(c.grad_accum):
-                ids = data.batch(step * c.grad_accum + micro, rows)
-                loss = engine(input_ids=ids, labels=ids)
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss.item())
-            if cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
-            peak, unit = _peak_memory(torch)
-            record = {"step": step + 1, "loss": sum(losses) / len(losses), "step_time_s": seconds,
-                      "tokens_per_s": rows * seq * c.grad_accum / seconds, "peak_memory_gib": peak,
-                      "memory": unit}
-            if rank == 0:
-                print(f"step {step + 1:>4}  loss {record['loss']:.4f}  step time {seconds:.3f} s  "
-                      f"{record['tokens_per_s']:.0f} tokens/s  peak memory {peak:.2f} {unit}", flush=True)
-                if log:
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
-    finally:
-        if log:
-            log.close()
+    for step in range(args.steps):
+        start = time.perf_counter()
+        losses = []
+        for micro in range(c.grad_accum):
+            ids = data.batch(step * c.grad_accum + micro, rows)
+            loss = engine(input_ids=ids, labels=ids)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        peak, unit = _peak_memory(torch)
+        record = {"step": step + 1, "loss": sum(losses) / len(losses), "step_time_s": seconds,
+                  "tokens_per_s": rows * seq * c.grad_accum / seconds, "peak_memory_gib": peak,
+                  "memory": unit}
+        if rank == 0:
+            print(f"step {step + 1:>4}  loss {record['loss']:.4f}  step time {seconds:.3f} s  "
+                  f"{record['tokens_per_s']:.0f} tokens/s  peak memory {peak:.2f} {unit}", flush=True)
+            if args.log_json:
+                records.append(record)
+                _write_log(args.log_json, records)
     return 0
 
 

@@ -88,18 +88,16 @@ def _cores() -> int:
 
 
 def _check_out(path: str) -> None:
-    """Fail before measuring when --out cannot be written (by trying: permission bits lie to root)."""
-    import tempfile
+    """Fail before measuring when --out (or its measurements sidecar) cannot be written: a directory, a
+    device or pipe, or a place this process cannot create files in (autosp.files tries, as permission bits
+    lie to root)."""
+    from autosp.cost_models.calibration.profile import measurements_path_for
+    from autosp.files import check_output
 
     if os.path.isdir(path):
         raise UsageError(f"--out {path} is a directory; give a file path such as {os.path.join(path, 'hw.json')}")
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".autosp-calibrate-", suffix=".probe"):
-            pass
-    except OSError as err:
-        raise UsageError(f"cannot write --out {path}: {parent}: {err.strerror or err}") from None
+    check_output(path, "--out")
+    check_output(measurements_path_for(path), "--out (its measurements sidecar)")
 
 
 def _resolve_compare(name: str):
@@ -116,8 +114,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.ranks is not None and not 1 <= args.ranks <= 1024:
         raise UsageError(f"--ranks must be between 1 and 1024, got {args.ranks}")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    from autosp.cost_models.calibration.limits import check_launch, check_thread_count
+
+    check_thread_count(args.threads)
     if args.out:
         _check_out(args.out)
     compare = _resolve_compare(args.compare) if args.compare else None
@@ -155,6 +154,7 @@ def main(argv=None) -> int:
         print(f"autosp-calibrate: warning: {local_ranks} ranks on {_cores()} cores: the ranks will share "
               "cores, and each rank's figures drop accordingly (as they would in training)", file=sys.stderr)
     threads = args.threads or max(1, _cores() // local_ranks)
+    check_launch(device, local_ranks, threads, _cores(), args.quick)
     settings = make_settings(device, args.quick, args.dtype)
     cfg = launch.LaunchConfig(settings=settings, backend=backend, threads=threads,
                               progress=not args.no_progress)
@@ -185,11 +185,11 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - started
     sidecar["elapsed_seconds"] = elapsed
     if args.out:
-        from autosp.files import write_text_atomically
+        from autosp.files import write_text
 
         # Sidecar first: a profile on disk always has its measurements next to it.
-        write_text_atomically(measurements_path, json.dumps(sidecar, indent=1) + "\n")
-        write_text_atomically(args.out, json.dumps(asdict(spec), indent=2) + "\n")
+        write_text(measurements_path, json.dumps(sidecar, indent=1) + "\n", "--out (its measurements sidecar)")
+        write_text(args.out, json.dumps(asdict(spec), indent=2) + "\n", "--out")
 
     if args.json:
         fits = [{k: e.get(k) for k in ("group_size", "scope", "collective", "supported", "fit")}

@@ -202,6 +202,12 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     }
     if profile is not None:
         search_info["model_profile"] = f"graph {profile.fingerprint}"
+    else:
+        from autosp.planner.profile_fallback import fallback_reason
+
+        why = fallback_reason(model_spec)
+        if why:
+            search_info["model_profile"] = f"analytic fallback ({why})"
     if objective == "max-ctx":
         search_info["max_ctx_tokens"] = result.seq_len
         search_info["max_ctx_granule"] = CTX_GRANULE

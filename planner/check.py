@@ -135,8 +135,9 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
         reasons.append(f"invalid on {where}: {reason}")
     elif not est.fits:
         status = INFEASIBLE
-        reasons.append(f"does not fit on {where}: needs {format_gib(est.memory.total)} per GPU, "
-                       f"{format_gib(est.capacity_bytes)} usable")
+        from autosp.planner.shortfall import memory_shortfall
+
+        reasons.append(f"does not fit on {where}: {memory_shortfall(est)}")
 
     drift = []  # the same knobs on the same target priced differently: the cost model changed under the plan
     if est is not None and art.estimate is not None and not changed_target:

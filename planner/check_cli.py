@@ -84,10 +84,21 @@ def target_of(args) -> dict:
     return target
 
 
+def _json_safe(value):
+    """``--json`` output that strict parsers (jq) read: infinite or NaN figures become null."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def main(sub: str, argv: list[str]) -> int:
     if sub == "check":
         args = build_check_parser().parse_args(argv)
-        if args.best_out:
+        if args.best_out is not None:
             check_output_path(args.best_out, "--best-out")
         result = check(args.file, tolerance=args.tolerance, ignore_versions=args.ignore_versions,
                        best_out=args.best_out, cache=None if args.no_cache else (args.cache or True), **target_of(args))
@@ -95,13 +106,13 @@ def main(sub: str, argv: list[str]) -> int:
     else:
         args = build_select_parser().parse_args(argv)
         for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
-            if path:
+            if path is not None:
                 check_output_path(path, flag)
         result = select(args.candidates, tolerance=args.tolerance, plan_out=args.plan_out, ds_config=args.ds_config,
                         cache=None if args.no_cache else (args.cache or True), **target_of(args))
         render = render_select
     if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json_safe(result), indent=2) + "\n")
     else:
         sys.stdout.write(render(result))
     return result["exit_code"]

@@ -6,6 +6,13 @@ from __future__ import annotations
 from autosp.planner.check import PASS
 
 
+def _gib_or_host(nbytes: float, fmt: str = ",.1f") -> str:
+    """GiB, or what an infinite total means (offloads beyond host memory; the reasons say how much)."""
+    from autosp.units import GIB
+
+    return f"{nbytes / GIB:{fmt}} GiB" if nbytes != float("inf") else "host memory short"
+
+
 def render_check(r: dict) -> str:
     from autosp.units import GIB
 
@@ -18,8 +25,11 @@ def render_check(r: dict) -> str:
     if not now["valid"]:
         lines.append(f"  {'valid':<10}no: {now['invalid_reason']}")
     else:
-        lines.append(f"  {'memory':<10}{now['memory_bytes'] / GIB:,.1f} GiB of {now['capacity_bytes'] / GIB:,.1f} GiB "
-                     f"usable per GPU: {'fits' if now['fits'] else 'DOES NOT FIT'}")
+        if now["memory_bytes"] == float("inf"):
+            lines.append(f"  {'memory':<10}DOES NOT FIT: its offloads need more host memory than the node has (why: below)")
+        else:
+            lines.append(f"  {'memory':<10}{now['memory_bytes'] / GIB:,.1f} GiB of {now['capacity_bytes'] / GIB:,.1f} GiB "
+                         f"usable per GPU: {'fits' if now['fits'] else 'DOES NOT FIT'}")
         speed = f"{now['tokens_per_second']:,.0f} tokens/s predicted now"
         if r["committed"]:
             speed += f" (committed: {r['committed']['tokens_per_second']:,.0f})"
@@ -56,7 +66,7 @@ def render_select(r: dict) -> str:
             state, tps, mem = f"invalid: {row['invalid_reason']}", "-", "-"
         else:
             state = "fits" if row["fits"] else "does not fit"
-            tps, mem = f"{row['tokens_per_second']:,.0f}", f"{row['memory_bytes'] / GIB:.1f} GiB"
+            tps, mem = f"{row['tokens_per_second']:,.0f}", _gib_or_host(row["memory_bytes"], ".1f")
         if row["made_for_another_target"]:
             state += " (made for another target)"
         mark = "*" if row["file"] == chosen else " "

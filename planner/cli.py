@@ -42,7 +42,7 @@ plan cache:
   identical requests are answered from $AUTOSP_CACHE, else $XDG_CACHE_HOME/autosp/plans.sqlite,
   else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it). --cache and
   $AUTOSP_CACHE also take a database URL shared by a team and its CI, e.g.
-  postgresql+psycopg://user@host/db (pip install 'autosp[db]'); see docs/shared-planning.md.
+  postgresql+psycopg://user@host/db (the [db] extra: pip install -e '.[db]'); see docs/shared-planning.md.
 
 distributed search (several workers, one Optuna study):
   autosp-plan ... --storage postgresql+psycopg://user@host/db --trials 30     # on each machine
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (try: autosp-plan --model llama --ctx 200k --hw h100x8)")
     for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
-        if path:
+        if path is not None:  # "" too: a path was asked for
             check_output_path(path, flag)
 
     from autosp.planner.api import plan_for

@@ -17,14 +17,10 @@ class ArgParser(argparse.ArgumentParser):
 
 
 def check_output_path(path: str, flag: str) -> None:
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        raise UsageError(f"{flag} {path}: cannot write in {probe}")
+    """Before any search: refuse a directory, device, pipe or unwritable place (:func:`autosp.files.check_output`)."""
+    from autosp.files import check_output
+
+    check_output(path, flag)
 
 
 def request_fields(args, given_only: bool = False) -> dict:

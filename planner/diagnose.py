@@ -54,40 +54,62 @@ def _needs(cand: Candidate, est: Estimate) -> str:
 MAX_SCALE_NODES = 4096
 
 
-def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
-    """Scale the cluster by powers of two (same nodes, more of them) until the leanest plan fits.
-
-    Returns (nodes, cross_node_sp, None) for the smallest size that fits, or (None, None, leanest at
-    the largest size tried) when none does."""
+def _smallest_fit(space, seq_len: int, cross: bool, first_factor: int):
+    """Scale the cluster by powers of two (same nodes, more of them) from ``first_factor`` until the leanest
+    plan fits. Returns (nodes, None) for the smallest size that fits, or (None, (bigger hw, leanest) at the
+    largest size tried, or None)."""
     from autosp.planner.space import build_space
 
     hw = space.hardware
     last = None
-    for cross in ((False, True) if not allow_cross_node_sp else (True,)):
-        factor = 2
-        while hw.nodes * factor <= MAX_SCALE_NODES:
-            bigger = replace(hw, nodes=hw.nodes * factor)
-            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
-                              profile=space.profile)
-            lean = _leanest(sub, seq_len)
-            if lean is not None and lean[1].fits:
-                return bigger.nodes, cross, None
-            if lean is not None:
-                last = (bigger, lean)
-            factor *= 2
-    return None, None, last
+    factor = first_factor
+    while hw.nodes * factor <= MAX_SCALE_NODES:
+        bigger = replace(hw, nodes=hw.nodes * factor)
+        sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
+                          profile=space.profile)
+        lean = _leanest(sub, seq_len)
+        if lean is not None and lean[1].fits:
+            return bigger.nodes, None
+        if lean is not None:
+            last = (bigger, lean)
+        factor *= 2
+    return None, last
+
+
+def _gpus_needed(space, seq_len: int, allow_cross_node_sp: bool):
+    """(nodes with node-local SP groups or None, nodes with groups spanning nodes or None, leanest at the
+    largest size tried).
+
+    With ``allow_cross_node_sp`` (the default) only the second is searched; without it (the request said
+    ``--no-cross-node-sp``) both are, the second from the cluster as it is: dropping the flag alone may be
+    what is missing."""
+    within = (None, None) if allow_cross_node_sp else _smallest_fit(space, seq_len, False, 2)
+    across = _smallest_fit(space, seq_len, True, 2 if allow_cross_node_sp else 1)
+    return within[0], across[0], across[1] or within[1]
 
 
 def more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
-    nodes, cross, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
-    hw = space.hardware
-    if nodes is None:
-        if last is None:
-            return "more GPUs of this kind would not help"
-        bigger, (cand, est) = last
-        return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
-    flag = ", without --no-cross-node-sp" if cross and not allow_cross_node_sp else ""
-    return f"about {nodes * hw.devices_per_node:,} GPUs would fit (--nodes {nodes}{flag})"
+    within, across, last = _gpus_needed(space, seq_len, allow_cross_node_sp)
+    per = space.hardware.devices_per_node
+
+    def gpus(nodes: int, extra: str = "") -> str:
+        return f"about {nodes * per:,} GPUs would fit{extra} (--nodes {nodes})"
+
+    if allow_cross_node_sp:
+        if across is not None:
+            return gpus(across)
+    elif across is not None and across == space.hardware.nodes:
+        return ("it fits on these GPUs with SP groups spanning nodes (drop --no-cross-node-sp: their all-to-alls "
+                f"and ring steps then use the inter-node links){'; or ' + gpus(within) if within else ''}")
+    elif across is not None and (within is None or across < within):
+        return (gpus(across, " with SP groups spanning nodes (drop --no-cross-node-sp)")
+                + (f"; {gpus(within, ' with node-local groups')}" if within else ""))
+    elif within is not None:
+        return gpus(within)
+    if last is None:
+        return "more GPUs of this kind would not help"
+    bigger, (cand, est) = last
+    return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
 
 
 def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:

@@ -3,8 +3,11 @@ the step (or the memory) that made it lose and the knobs it differs in."""
 
 from __future__ import annotations
 
+import math
+
 from autosp.cost_models.specs import Candidate, Estimate
 from autosp.planner.plan import RunnerUp
+from autosp.planner.shortfall import memory_shortfall
 from autosp.units import format_gib, format_seconds, format_tokens
 
 
@@ -53,7 +56,8 @@ def lost_because(cand: Candidate, est: Estimate, best: Candidate, best_est: Esti
     diff = differences(cand, best)
     if not est.fits:
         text = (f"does not fit: needs {format_gib(est.memory.total)} > {format_gib(est.capacity_bytes)} "
-                f"per GPU at {format_tokens(seq_len)} tokens")
+                f"per GPU at {format_tokens(seq_len)} tokens" if math.isfinite(est.memory.total) else
+                f"does not fit at {format_tokens(seq_len)} tokens: {memory_shortfall(est)}")
         if est.tokens_per_second > best_est.tokens_per_second:
             pct = 100 * (est.tokens_per_second / best_est.tokens_per_second - 1)
             text = f"would be {pct:.1f}% faster but " + text

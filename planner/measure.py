@@ -21,6 +21,7 @@ with ``autosp-train`` on this machine and let the measurement choose the plan.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import signal
@@ -56,8 +57,10 @@ class MeasureOptions:
                 raise UsageError(f"{name} must be an integer >= {least}, got {value!r}")
         if self.backend not in BACKENDS:
             raise UsageError(f"--measure-backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not self.timeout_s or self.timeout_s <= 0:
-            raise UsageError(f"--measure-timeout must be positive, got {self.timeout_s!r}")
+        if not isinstance(self.timeout_s, (int, float)) or not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
+            raise UsageError(f"--measure-timeout must be a positive number of seconds, got {self.timeout_s!r}")
+        if self.keep_dir is not None and (os.path.lexists(self.keep_dir) and not os.path.isdir(self.keep_dir)):
+            raise UsageError(f"--measure-dir {self.keep_dir}: exists and is not a directory")
         if self.launcher is None and hardware.nodes > 1:
             raise UsageError(f"--measure on {hardware.nodes} nodes needs --measure-launcher (the default launcher "
                              "starts processes on this machine only)")
@@ -71,7 +74,9 @@ class MeasureOptions:
 
 
 def _say(message: str) -> None:
-    print(f"autosp-plan: {message}", file=sys.stderr, flush=True)
+    from autosp.messages import one_line  # a failed run's last line can be a launcher's whole report
+
+    print(f"autosp-plan: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 # -- the candidates to measure ------------------------------------------------------------------

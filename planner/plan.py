@@ -46,7 +46,7 @@ from autosp.cost_models.specs import (
     from_dict,
 )
 from autosp.errors import UsageError
-from autosp.files import read_json, write_text_atomically
+from autosp.files import read_json, write_text
 from autosp.version import __version__
 
 SCHEMA_VERSION = 2
@@ -131,8 +131,10 @@ def load_plan(path: str | os.PathLike) -> Plan:
     return plan_from_dict(read_json(path, "plan "))
 
 
-def save_plan(plan: Plan, path: str | os.PathLike) -> None:
-    write_text_atomically(path, plan.to_json())
+def save_plan(plan: Plan, path: str | os.PathLike, flag: str = "") -> None:
+    """Write ``plan`` to ``path`` atomically, only ever replacing a regular file (:func:`autosp.files.write_text`;
+    ``flag`` names the option that asked for it in errors)."""
+    write_text(path, plan.to_json(), flag)
 
 
 def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
@@ -140,15 +142,15 @@ def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
     written, in that order (for the report's "written" line)."""
     written = []
     if plan_out:
-        save_plan(plan, plan_out)
+        save_plan(plan, plan_out, "--plan-out")
         written.append(plan_out)
     if ds_config:
         from autosp.planner.ds_config import deepspeed_config_json
 
-        write_text_atomically(ds_config, deepspeed_config_json(plan))
+        write_text(ds_config, deepspeed_config_json(plan), "--ds-config")
         written.append(ds_config)
     return written
 
 
 __all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "hardware_from_dict",
-           "load_plan", "plan_from_dict", "read_json", "save_plan", "write_outputs", "write_text_atomically"]
+           "load_plan", "plan_from_dict", "read_json", "save_plan", "write_outputs"]

@@ -10,9 +10,11 @@
   The plan's ModelSpec is ``profile.model_spec()`` (the traced widths); for a config.json the fields a
   trace cannot see (norm kind, RoPE theta, max positions) come from the config itself.
 
-If tracing a config.json fails (e.g. the installed transformers does not know its architecture), the
-planner says so on stderr and falls back to the analytic formulas for the config's widths; an entry
-point has no such fallback and fails with a usage error.
+If tracing a config.json fails, :mod:`autosp.planner.profile_fallback` decides in one stderr line: a
+model autosp-train cannot train (transformers cannot build it, or its attention is not SDPA) is refused;
+otherwise the plan is priced with the analytic formulas for the config's widths when they count the
+model's parameters, and the fallback is recorded in the plan. An entry point has no such fallback and
+fails with a usage error.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import replace
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
+from autosp.messages import one_line
 
 
 def _is_entry_point(arg: str) -> bool:
@@ -31,7 +34,7 @@ def _is_entry_point(arg: str) -> bool:
 
 
 def _say(message: str) -> None:
-    print(f"autosp-plan: {message}", file=sys.stderr, flush=True)
+    print(f"autosp-plan: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def _load(arg: str) -> ModelProfile:
@@ -60,12 +63,20 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         return models.resolve_model(arg), None
     if models._looks_like_path(arg):
         parsed = models.resolve_model(arg)  # a clear UsageError for a missing or malformed config
+        from autosp.cost_models import graph_profile
+        from autosp.planner import profile_fallback
+
+        key = graph_profile.fingerprint(arg)
+        if graph_profile.read_cached(key) is None:
+            if profile_fallback.cached_verdict(key) is not None:
+                return profile_fallback.fallback(arg, parsed, key, say=_say), None  # judged before: no new trace
+            if not profile_fallback.transformers_available():
+                return profile_fallback.fallback(arg, parsed, key, ImportError("no module named transformers"),
+                                                 say=_say), None
         try:
             profile = _load(arg)
-        except Exception as err:  # noqa: BLE001 - any tracing failure falls back to the formulas, loudly
-            _say(f"warning: could not trace {arg} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                 "planning with the analytic Llama-block formulas for its widths instead")
-            return parsed, None
+        except Exception as err:  # noqa: BLE001 - any tracing failure is judged: refused, or priced loudly
+            return profile_fallback.fallback(arg, parsed, key, err, say=_say), None
         spec = profile.model_spec()
         spec = replace(spec, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
                        source=f"graph profile {profile.fingerprint} of {parsed.source}")

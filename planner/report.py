@@ -49,6 +49,18 @@ def layout_row(plan, times: str = "x") -> tuple[str, str]:
     return label, f"sp = {c.sp} = Ulysses {c.ulysses} {times} ring {c.ring}   {gpus}"
 
 
+def sp_scope(plan) -> str:
+    """On a multi-node cluster: may an SP group span nodes, and what the flag would change."""
+    hw, c = plan.hardware, plan.candidate
+    if plan.search.get("allow_cross_node_sp", False):
+        where = "spans nodes" if c.sp > hw.devices_per_node else "within a node"
+        return f"may span nodes; this one is {where}"
+    excluded = plan.search.get("excluded_sp") or {}
+    wider = sorted((int(sp) for sp in excluded if "span" in str(excluded[sp])), key=int)
+    more = f"; sp {', '.join(map(str, wider))} would need SP groups spanning nodes (drop the flag)" if wider else ""
+    return f"within a node of {hw.devices_per_node} GPUs (--no-cross-node-sp){more}"
+
+
 def layout_why(plan) -> str:
     """Why the SP group is split this way, from the model's heads, the node size and the estimate's ring note
     ('' when there is nothing to explain: pure Ulysses inside a node)."""
@@ -112,6 +124,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
                               "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
     ]
     why = layout_why(plan)
+    if hw.nodes > 1:
+        rows.insert(1, ("SP groups", sp_scope(plan)))
     for label, value in rows:
         lines.append(f"  {label:<30}{value}")
         if why and label.startswith("sequence parallel"):
@@ -151,6 +165,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     lines.append(f"  {'MFU':<20}{100 * e.mfu:.1f}%")
     for note in e.notes:
         lines.append(f"  note: {note}")
+    profile = str(plan.search.get("model_profile", ""))
+    if profile.startswith("analytic fallback"):
+        lines.append(f"  note: {m.name} is priced with the analytic Llama-block formulas: {profile[len('analytic fallback'):].strip(' ()')}")
     lines.append("")
 
     measured = plan.search.get("measured")

@@ -19,13 +19,13 @@ context lengths) derive them with ``dataclasses.replace(request, ctx=...)``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload
 from autosp.errors import UsageError
 from autosp.planner.plan import OBJECTIVES
 from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
-from autosp.units import parse_count, parse_ctx, parse_seconds
+from autosp.units import check_seed, parse_count, parse_ctx, parse_seconds
 
 SEARCHES = ("optuna", "exhaustive")
 
@@ -102,8 +102,7 @@ class PlanRequest:
                                  f"TPE trial costs more than the last); bound a longer search by time with "
                                  f"--time-budget")
             set_("trials", trials)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise UsageError(f"--seed must be an integer, got {self.seed!r}")
+        check_seed(self.seed)
         if self.time_budget is not None:
             set_("time_budget", parse_seconds(self.time_budget, "--time-budget"))
             if self.search != "optuna":
@@ -162,7 +161,10 @@ def resolve_hardware(hw, nodes=None) -> HardwareSpec:
     if nodes is not None:
         nodes = parse_count(nodes, "--nodes")
     if isinstance(hw, HardwareSpec):
-        return hw if nodes is None else replace(hw, nodes=nodes)
+        from autosp.cost_models.catalog.hardware_checks import validate_hardware, with_nodes
+
+        where = f"hardware {hw.name!r}"
+        return validate_hardware(hw if nodes is None else with_nodes(hw, nodes, where), where)
     from autosp.cost_models.catalog.hardware import resolve_hardware as from_catalog
 
     return from_catalog(hw, nodes=nodes)

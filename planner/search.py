@@ -301,7 +301,7 @@ def complete(space, cand, estimate):
         def value(item):
             o, e = item
             saved = est.memory.total - e.memory.total
-            lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second)
+            lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second, 1e-300)  # 0 tokens/s: a link of 0 B/s
             return saved / lost
 
         current = max(walk, key=value)[0]

@@ -59,10 +59,18 @@ def torchrun_env() -> dict | None:
     """The ranks torchrun (or any env:// launcher) gave this process, or None when not launched so."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    world = int(os.environ["WORLD_SIZE"])
-    return {"rank": int(os.environ["RANK"]), "world": world,
-            "local_rank": int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
-            "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", world))}
+    from autosp.errors import UsageError
+
+    def number(name: str, default: str) -> int:
+        value = os.environ.get(name, default)
+        try:
+            return int(value)
+        except ValueError:
+            raise UsageError(f"the launcher set {name}={value!r}, not an integer") from None
+
+    world = number("WORLD_SIZE", "")
+    return {"rank": number("RANK", ""), "world": world, "local_rank": number("LOCAL_RANK", os.environ["RANK"]),
+            "local_world": number("LOCAL_WORLD_SIZE", str(world))}
 
 
 def _device_name(device) -> str:
@@ -169,7 +177,7 @@ def run_spawned(world: int, cfg: LaunchConfig) -> dict:
             init_method = f"tcp://127.0.0.1:{free_port()}"
             try:
                 mp.spawn(_spawn_entry, args=(world, cfg, init_method, result_path), nprocs=world, join=True)
-            except mp.ProcessException as err:
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:  # a rank raised, or was killed
                 lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
                 raise WorkerFailed(lines[-1] if lines else str(err)) from None
             with open(result_path, encoding="utf-8") as f:

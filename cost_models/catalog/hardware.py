@@ -37,17 +37,19 @@ Every failure is a one-line :class:`~autosp.errors.UsageError`. Nothing here imp
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import os
 import re
 import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from autosp.cost_models.catalog.accelerators import DATA_FILE, accelerator_table, common_sources
+from autosp.cost_models.catalog.hardware_checks import check_counts, validate_hardware, with_nodes
 from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec, from_dict
 from autosp.errors import UsageError
+from autosp.files import read_json, read_text
 
-DATA_FILE = Path(__file__).with_name("hardware.toml")
 GIB = 1024 ** 3
 
 _LINK_KEYS = ("intra_node_bandwidth", "intra_node_latency", "inter_node_bandwidth", "inter_node_latency",
@@ -69,18 +71,8 @@ def describe_grammar() -> str:
             f"spec K times (h100x8 --nodes 4 = 32 GPUs). Accelerators: {names}.")
 
 
-@lru_cache(maxsize=1)
-def _raw_catalog() -> dict:
-    with open(DATA_FILE, "rb") as f:
-        return tomllib.load(f)
-
-
 def _catalog() -> dict:
-    return _raw_catalog()["accelerators"]
-
-
-def common_sources() -> dict:
-    return dict(_raw_catalog().get("common_sources", {}))
+    return accelerator_table()
 
 
 def catalog_names() -> list[str]:
@@ -123,6 +115,9 @@ def _build(name: str, entry: dict, devices_per_node: int, nodes: int, where: str
         host_memory = number("host_memory_bytes")
     else:
         host_memory = (number("host_memory_gib", 0.0)) * GIB
+    for key, value in (("memory", memory), ("host_memory", host_memory)):
+        if not math.isfinite(value):  # 1e308 GiB: finite as typed, infinite in bytes
+            raise UsageError(f"{where}: {key}_gib / {key}_bytes must be a finite size, got {entry.get(key + '_gib', entry.get(key + '_bytes'))!r}")
     accel_name = str(entry.get("accelerator_name", name))
     sources = entry.get("sources", {})
     try:
@@ -135,13 +130,14 @@ def _build(name: str, entry: dict, devices_per_node: int, nodes: int, where: str
             if key in links and not 0 < links[key] <= 1:
                 raise UsageError(f"{where}: {key} must be in (0, 1], got {links[key]!r}")
         total = devices_per_node * nodes
-        return HardwareSpec(
+        spec = HardwareSpec(
             name=f"{name}x{total}" if total > 1 else name, accelerator=accelerator,
             devices_per_node=devices_per_node, nodes=nodes, host_memory_bytes=host_memory,
             source=str(entry.get("source") or f"autosp hardware catalog ({DATA_FILE.name}): {entry.get('description', name)}"),
             **links)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise UsageError(f"{where}: {err}") from None
+    return validate_hardware(spec, where)
 
 
 def _positive_int(value, what: str, where: str) -> int:
@@ -196,6 +192,7 @@ def resolve_hardware(arg: str, nodes: int | None = None) -> HardwareSpec:
     count = 1 if count is None else count
     if count < 1:
         raise UsageError(f"hardware {arg!r}: the device count must be at least 1")
+    check_counts(min(count, per_node), max(1, count // per_node) * (nodes or 1), f"hardware {arg!r}")
     if count <= per_node:
         dpn, n_nodes = count, 1
     else:
@@ -215,15 +212,13 @@ def resolve_hardware(arg: str, nodes: int | None = None) -> HardwareSpec:
 def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> HardwareSpec:
     """A custom cluster file (schema in the module docstring)."""
     where = os.fspath(path)
+    text = read_text(path, "cluster file ")
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"cluster file {where} does not exist") from None
-    except OSError as err:
-        raise UsageError(f"cannot read cluster file {where}: {err.strerror or err}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise UsageError(f"cluster file {where} is not valid TOML: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise UsageError(f"cluster file {where} nests tables too deeply to be a cluster file") from None
     unknown = sorted(set(data) - _KNOWN_FILE_KEYS)
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(_KNOWN_FILE_KEYS), n=1)
@@ -255,6 +250,7 @@ def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> Har
         raise UsageError(f"cluster file {where}: missing 'devices_per_node' (or set base = \"h100\")")
     dpn = _positive_int(entry["devices_per_node"], "devices_per_node", f"cluster file {where}")
     file_nodes = _positive_int(data.get("nodes", 1), "nodes", f"cluster file {where}")
+    check_counts(dpn, max(file_nodes, nodes or 1), f"cluster file {where}")
     if nodes is not None:
         if file_nodes > 1 and nodes != file_nodes:
             raise UsageError(f"cluster file {where} already says nodes = {file_nodes}; drop --nodes or edit the file")
@@ -275,15 +271,7 @@ def hardware_from_json(path: str | os.PathLike, nodes: int | None = None) -> Har
     from dataclasses import replace
 
     where = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"hardware file {where} does not exist") from None
-    except OSError as err:
-        raise UsageError(f"cannot read hardware file {where}: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"hardware file {where} is not valid JSON: {err}") from None
+    data = read_json(path, "hardware file ")
     if isinstance(data, dict) and isinstance(data.get("hardware"), dict) and "accelerator" not in data:
         data = data["hardware"]  # a plan file: reuse its hardware
     if not isinstance(data, dict) or not isinstance(data.get("accelerator"), dict):
@@ -295,10 +283,8 @@ def hardware_from_json(path: str | os.PathLike, nodes: int | None = None) -> Har
     except (TypeError, ValueError) as err:
         raise UsageError(f"invalid hardware file {where}: {err}") from None
     if nodes is not None and nodes != spec.nodes:
-        if spec.nodes > 1:
-            raise UsageError(f"hardware file {where} already describes {spec.nodes} nodes; drop --nodes")
-        spec = replace(spec, nodes=nodes)
-    return spec
+        spec = with_nodes(spec, nodes, f"hardware file {where}")
+    return validate_hardware(spec, f"hardware file {where}")
 
 
 def list_hardware() -> list[HardwareSpec]:

@@ -15,7 +15,6 @@ and what to do. Nothing here imports torch.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import tomllib
 from functools import lru_cache
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
+from autosp.files import read_json
 
 DATA_FILE = Path(__file__).with_name("models.toml")
 
@@ -34,6 +34,12 @@ GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemm
                             "cohere", "internlm2", "yi", "deepseek", "phi3", "smollm3"})
 # model_type values whose q/k/v projections carry a bias regardless of the config's attention_bias.
 QKV_BIAS_FAMILIES = frozenset({"qwen2"})
+# model_type values whose configuration class ties the output head to the input embedding unless the config
+# says otherwise (tie_word_embeddings defaults to True in transformers 5.24's configuration_<type>.py; the
+# Llama, Mistral, Qwen2/3, Phi-3, OLMo and Granite classes default to False). A Gemma-2 config.json omits
+# the key: counting the head twice would add 0.92B parameters to Gemma-2-9B's 9.24B.
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "cohere", "cohere2", "smollm3", "starcoder2",
+                             "falcon"})
 
 
 @lru_cache(maxsize=1)
@@ -108,7 +114,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama / Mistral / Qwen2 keys) into a ModelSpec.
 
     ``num_key_value_heads`` defaults to the number of heads, ``head_dim`` to hidden / heads,
-    ``tie_word_embeddings`` to false; Qwen2 always has q/k/v biases, Llama-style configs say so in
+    ``tie_word_embeddings`` to the family's default (true for Gemma, see TIED_BY_DEFAULT); Qwen2 always has q/k/v biases, Llama-style configs say so in
     ``attention_bias``. Mixture-of-experts configs are refused (the cost model is dense-only).
     """
     path = os.fspath(path)
@@ -116,18 +122,9 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
         where = path
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"model config {where} does not exist; pass a preset name (e.g. 'llama') or the path "
-                         "of a Hugging Face config.json") from None
-    except OSError as err:
-        raise UsageError(f"cannot read model config {where}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"model config {where} is not a text JSON file; pass a Hugging Face config.json") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"model config {where} is not valid JSON (line {err.lineno}): {err.msg}") from None
+    # transformers reads the same file after us (tracing, autosp-train) and cannot skip a byte-order mark
+    config = read_json(path, "model config ", allow_bom=False,
+                       missing_hint="; pass a preset name (e.g. 'llama') or the path of a Hugging Face config.json")
     if not isinstance(config, dict):
         raise UsageError(f"model config {where} must hold a JSON object (a Hugging Face config.json)")
     if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
@@ -170,7 +167,8 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     try:
         return ModelSpec(
             name=str(name), n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-            ffn_hidden=ffn, vocab=vocab, gated_mlp=gated, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            ffn_hidden=ffn, vocab=vocab, gated_mlp=gated,
+            tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
             qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
             max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path))
     except ValueError as err:

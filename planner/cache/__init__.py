@@ -6,7 +6,7 @@ Where (``--cache LOCATION``, else ``$AUTOSP_CACHE``, else ``$XDG_CACHE_HOME/auto
 - a file path, or ``sqlite:///PATH``: a SQLite file through Python's ``sqlite3`` (no extra dependency);
 - any other SQLAlchemy database URL, e.g. ``postgresql+psycopg://user@host/db`` for a cache shared by
   a team and its CI: :class:`SQLAlchemyPlanStore`, tables ``autosp_plans`` and ``autosp_cache_meta``
-  (``pip install 'autosp[db]'``; SQLAlchemy is imported only when such a URL is used).
+  (the ``[db]`` extra; SQLAlchemy is imported only when such a URL is used).
 
 What: the key is a SHA-256 of everything the answer depends on (:func:`request_key`): the model
 fingerprint (and its graph profile's, when it has one), the hardware fingerprint, the workload, the

@@ -29,9 +29,11 @@ _warned: set[str] = set()
 
 
 def warn_once(message: str) -> None:
+    from autosp.messages import one_line  # a driver's error can run to pages: one line, shortened
+
     if message not in _warned:
         _warned.add(message)
-        print(f"autosp-plan: warning: {message}", file=sys.stderr)
+        print(f"autosp-plan: warning: {one_line(message)}", file=sys.stderr)
 
 
 # -- where, and the key ---------------------------------------------------------------------------

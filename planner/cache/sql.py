@@ -8,6 +8,7 @@ import json
 import time
 from datetime import datetime, timezone
 
+from autosp.messages import install_hint
 from autosp.planner.cache.schema import (BUSY_TIMEOUT_S, COLUMNS, COLUMNS_V1, SCHEMA, PlanStore, _legacy_fields,
                                          _NEW_COLUMNS, row_fields, warn_once)
 
@@ -23,7 +24,7 @@ def _import_sqlalchemy(url: str):
     except ImportError:
         from autosp.errors import UsageError
 
-        raise UsageError(f"--cache {url}: a database URL needs SQLAlchemy: pip install 'autosp[db]'") from None
+        raise UsageError(f"--cache {url}: a database URL needs SQLAlchemy: {install_hint('db')}") from None
     return sqlalchemy
 
 
@@ -45,7 +46,7 @@ def make_engine(url: str, flag: str = "--cache"):
         engine = sa.create_engine(parsed, **kwargs)
     except ImportError as err:
         raise UsageError(f"{flag} {shown}: the database driver is not installed ({err}); for PostgreSQL: "
-                         f"pip install 'autosp[db]' (psycopg 3, URL postgresql+psycopg://...)") from None
+                         f"{install_hint('db')} (psycopg 3, URL postgresql+psycopg://...)") from None
     except Exception as err:  # noqa: BLE001 - NoSuchModuleError (unknown dialect), bad arguments
         raise UsageError(f"{flag} {shown}: {type(err).__name__}: {err}") from None
     return sa, engine, shown

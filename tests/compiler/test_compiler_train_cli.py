@@ -84,5 +84,5 @@ def test_usage_errors():
 
     with pytest.raises(UsageError, match="--plan or --sp"):
         main(["--model", "llama-3.2-1b", "--ctx", "64"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="invalid choice"):  # one line (issue 10), not argparse's usage text
         main(["--zero", "5"])

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 FOLDERS = {"autosp": "autosp", "planner": "autosp.planner", "compiler": "autosp.compiler",
            "cost_models": "autosp.cost_models"}
-SHARED = {"autosp.errors", "autosp.version", "autosp.units", "autosp.files"}
+SHARED = {"autosp.errors", "autosp.version", "autosp.units", "autosp.files", "autosp.messages", "autosp.guard"}
 FACADE = {"autosp", "autosp.cli"}
 
 

@@ -1,0 +1,104 @@
+"""autosp-train checks everything it can before building anything (issue 10, items 6, 8 and 10).
+
+An 8B plan launched on 2 processes used to build the model in both and be killed for memory a minute
+later with no message; a directory as --data, token ids out of range, a float token file, --lr nan or an
+unwritable --log-json failed only after the build (or trained silently). Now each is one line, printed
+once, before torch is even imported where the check does not need it, and the world-size error says
+which --nproc-per-node the plan needs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autosp.cli import plan_main, train_main
+
+TINY = ["--model", "llama-3.2-1b", "--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+        "--vocab", "97", "--sp", "1", "--ctx", "64", "--steps", "1", "--backend", "aot_eager", "--dtype", "fp32"]
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autosp-train: error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def plan8(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert plan_main(["--model", "llama-3.2-1b", "--ctx", "8k", "--hw", "h100x8", "--no-cache", "--trials", "10",
+                      "--plan-out", str(path)]) == 0
+    capsys.readouterr()
+    return path
+
+
+def test_a_plan_on_the_wrong_number_of_processes_fails_before_torch_is_imported(plan8):
+    code = ("import sys; from autosp.cli import train_main; rc = train_main(['--plan', sys.argv[1]]); "
+            "print('torch imported:', 'torch' in sys.modules, file=sys.stderr); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(plan8)], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    assert out.returncode == 2, out.stderr
+    error, imported = out.stderr.strip().splitlines()
+    assert "needs 8 processes" in error and "--nproc-per-node 8" in error
+    assert imported == "torch imported: False"
+
+
+def test_under_a_launcher_only_rank_0_says_it_and_names_the_launch_to_use(plan8, capsys, monkeypatch):
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        assert train_main(["--plan", str(plan8)]) == 2
+    error = _error(capsys)  # rank 1 printed nothing
+    assert "needs 8 processes" in error and "torchrun --nproc-per-node 8" in error
+
+
+@pytest.mark.parametrize("values, dtype, needle", [
+    ([0.5] * 200, "float32", "float32 values"),       # item 10: used to train silently
+    ([-1] + [1] * 199, "int64", "token id -1"),        # item 6: used to train silently
+    ([500] + [1] * 199, "int64", "token id 500"),
+])
+def test_token_files_are_checked_before_building(tmp_path, capsys, values, dtype, needle):
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.asarray(values, dtype=dtype))
+    assert train_main([*TINY, "--data", str(path)]) == 2
+    assert needle in _error(capsys)
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--data", "DIR", "is a directory"), ("--lr", "nan", "--lr must be a positive finite"),
+    ("--log-json", "FILE/log.jsonl", "Not a directory"), ("--log-json", "DIR", "is a directory"),
+])
+def test_bad_paths_and_numbers_fail_before_building(tmp_path, capsys, flag, value, needle):
+    (tmp_path / "file").write_text("x")
+    value = value.replace("DIR", str(tmp_path)).replace("FILE", str(tmp_path / "file"))
+    assert train_main([*TINY, flag, value]) == 2
+    assert needle in _error(capsys)
+
+
+def test_heads_that_do_not_divide_over_sp_fail_before_building(capsys):
+    argv = [a for a in TINY]
+    argv[argv.index("--sp") + 1] = "2"
+    assert train_main([*argv, "--nproc-per-node", "2", "--heads", "3", "--kv-heads", "3", "--hidden", "63"]) == 2
+    assert "3 attention heads do not divide over 2" in _error(capsys)
+
+
+@pytest.mark.slow
+def test_nproc_per_node_starts_the_processes_itself(tmp_path):
+    """The README's training command: no launcher, no activated venv (the console script by its path)."""
+    log = tmp_path / "steps.jsonl"
+    argv = [a for a in TINY]
+    argv[argv.index("--sp") + 1] = "2"
+    argv[argv.index("--steps") + 1] = "2"
+    script = Path(sys.executable).with_name("autosp-train")
+    out = subprocess.run([str(script), *argv, "--nproc-per-node", "2", "--log-json", str(log)], capture_output=True,
+                         text=True, timeout=900, env={k: v for k, v in os.environ.items() if k != "RANK"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["loss"] > 0 for s in steps)
+    assert out.stdout.count("autosp-train: llama-3.2-1b") == 1 and "world 2" in out.stdout
