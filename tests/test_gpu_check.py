@@ -101,6 +101,22 @@ def test_table_line_of_a_cuda_row():
     assert line.split()[5:] == ["60.00", "75.0", "1.25", "65.00", "80.0", "1.23", "2.000", "1.500", "0.75", "70.0"]
 
 
+def test_optimizer_offload_rows_wait_for_the_cpu_adam_build(tmp_path):
+    from studies.gpu_check import cpu_adam
+    from studies.gpu_check.check import CheckOptions, _configs
+
+    configs = _configs(CheckOptions(out=tmp_path, dry_run=True, steps=1), rows.ROWS, rows.DRY_RUN_MODEL, "aot_eager")
+    status = tmp_path / "status.json"
+    plain = next(c for c in configs if not c.offload_optimizer)
+    offload = next(c for c in configs if c.offload_optimizer)
+    cpu_adam.require_cpu_adam(str(status), plain)  # other rows never wait (no status file exists)
+    status.write_text(json.dumps({"ok": False, "seconds": 12.0, "error": "CalledProcessError: ninja failed"}))
+    with pytest.raises(RuntimeError, match="could not be built in 12 s: CalledProcessError: ninja failed"):
+        cpu_adam.require_cpu_adam(str(status), offload)
+    status.write_text(json.dumps({"ok": True, "seconds": 70.0, "error": ""}))
+    cpu_adam.require_cpu_adam(str(status), offload)
+
+
 def _dry_run(tmp_path, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     return subprocess.run([sys.executable, "-m", "studies.gpu_check", "--dry-run", "--out", str(tmp_path), *extra],

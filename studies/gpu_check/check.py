@@ -133,7 +133,9 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
             skipped.append({"name": r.name, "seq_len": cfg.seq_len, "knobs": r.knob_dict(), "reason": why})
 
     mode = "CPU dry run" if dry_run else f"GPU: {gpu[0]}"
-    title = (f"autosp GPU check ({mode}); model {model.name} ({model.n_params() / 1e9:.3f}B params), bf16, SP=1, "
+    n = model.n_params()
+    size = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+    title = (f"autosp GPU check ({mode}); model {model.name} ({size} params), bf16, SP=1, "
              f"backend {backend}; predicted with {hw.name}; budget {opts.time_budget:.0f} s")
     say(title)
     if dry_run:
@@ -159,7 +161,8 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     def write(final: bool = False) -> None:
         summary["elapsed_seconds"] = time.time() - t0
         summary["complete"] = final
-        report.write_outputs(opts.out, summary, report.format_table(entries, title, unit))
+        notes = [f"skipped {s['name']} (S={s['seq_len']}): {s['reason']}" for s in skipped]
+        report.write_outputs(opts.out, summary, "\n".join([report.format_table(entries, title, unit)] + notes))
 
     def on_row(index: int, harness_row: dict) -> None:
         e = report.entry(runnable[index][0], harness_row)
@@ -179,9 +182,14 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
         builder = cpu_adam.start_build(status_path, str(opts.out / "cpu_adam_build.log"))
         prepare = functools.partial(cpu_adam.require_cpu_adam, status_path)
     write()
+    results = []
     try:
         results = measure_many([cfg for _, cfg in runnable], hw, device="cpu" if dry_run else "cuda",
                                on_row=on_row, deadline=deadline, min_row_seconds=min_row, prepare=prepare)
+    except Exception as err:  # noqa: BLE001 - a rank died outside a row (NCCL, CUDA init): keep what finished
+        lines = str(err).strip().splitlines()
+        summary["failure"] = f"{type(err).__name__}: {lines[-1] if lines else ''}"
+        say(f"the measuring rank failed: {summary['failure']}")
     finally:
         if builder is not None:
             if builder.poll() is None:
@@ -189,7 +197,9 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
             builder.wait()
             from studies.gpu_check import cpu_adam
 
-            summary["cpu_adam_build"] = cpu_adam.status(str(opts.out / "cpu_adam_build.json"))
+            built = summary["cpu_adam_build"] = cpu_adam.status(str(opts.out / "cpu_adam_build.json"))
+            say("DeepSpeed CPU Adam build (background): " + ("unfinished, stopped" if built is None else
+                f"{'ok' if built['ok'] else 'failed'} in {built['seconds']:.0f} s {built['error']}".rstrip()))
     for (r, _), harness_row in zip(runnable, results):
         if harness_row["status"] == "not_run":
             e = report.entry(r, harness_row)
@@ -202,4 +212,4 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
         f"{len(failed)} failed, {len(skipped)} skipped as predicted not to fit, "
         f"{sum(e['status'] == 'not_run' for e in entries)} not run (time budget); "
         f"table: {opts.out / 'gpu_check.txt'}")
-    return 1 if failed else 0
+    return 1 if failed or "failure" in summary else 0

@@ -27,9 +27,9 @@ def start_build(status_path: str, log_path: str) -> subprocess.Popen:
     """Start the build in a child process (its output goes to ``log_path``)."""
     from studies.bootstrap import ROOT
 
-    log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - the child owns it for its lifetime
-    return subprocess.Popen([sys.executable, "-m", "studies.gpu_check.cpu_adam", status_path], cwd=str(ROOT),
-                            stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "w", encoding="utf-8") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "studies.gpu_check.cpu_adam", status_path], cwd=str(ROOT),
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def status(status_path: str) -> dict | None:
