@@ -8,6 +8,10 @@ runs one configuration from the command line. See harness.py (what a run does) a
 memory figure is, and which one equals which term of the cost model).
 """
 
-from studies.measure.harness import RunConfig, make_plan, measure, measure_many
+from studies.bootstrap import ensure_autosp
+
+ensure_autosp()  # spawned ranks import this package first: autosp.* must resolve without an install
+
+from studies.measure.harness import RunConfig, make_plan, measure, measure_many  # noqa: E402
 
 __all__ = ["RunConfig", "make_plan", "measure", "measure_many"]

@@ -18,9 +18,16 @@ and returns one dict per configuration (:func:`measure` runs one). Tensors alive
 configuration's model is built are excluded from its census, so a row is not charged for what an
 earlier row in the same processes left behind. A knob the compiler rejects ("not implemented yet")
 gives ``status: "not_implemented"`` with the compiler's message; any other failure ``status: "error"``.
+Rows stream back as they finish (``on_row``), and a ``deadline`` stops the run gracefully: what was
+measured by then is returned, the rest is ``status: "not_run"``.
 
-Everything here runs on a GPU machine too (nccl, ``torch.cuda.max_memory_allocated``): set ``device``
-to ``"cuda"`` (default: cuda when available). It was only run on CPU while writing it.
+On a GPU (``device="cuda"``, the default when CUDA is available; nccl, one rank per GPU) the model is
+created on the device, the census counts device tensors only, and the allocated peak is
+``torch.cuda.max_memory_allocated`` over the measured step (after ``reset_peak_memory_stats``) minus
+what was allocated before the row began; ``memory["cuda"]`` adds the allocator's reserved peak and the
+device memory outside the allocator (CUDA context, NCCL). Between rows the ranks free everything
+(``gc``, ``torch._dynamo.reset``, ``torch.cuda.empty_cache``). The CUDA path was written from reading
+(``python -m studies.gpu_check`` is the script that runs it on a GPU); the CPU path is the tested one.
 """
 
 from __future__ import annotations
@@ -56,6 +63,10 @@ class RunConfig:
     offload_activations: bool = False
     overlap: str = "none"
     offload_optimizer: bool = False
+    ring: int = 1
+    sequence_chunks: int = 1
+    offload_chunks: bool = False
+    offload_param: bool = False
     micro_batch: int = 1
     grad_accum: int = 1
     dtype: str = "fp32"
@@ -137,22 +148,25 @@ def contention(stat_before, stat_after, own_cpu_seconds: float, wall: float) -> 
 
 # --- one configuration on this rank ------------------------------------------------------------------
 
-def _build_model(cfg: RunConfig):
+def _build_model(cfg: RunConfig, device):
+    """The model, created and initialised on ``device`` (a billion-parameter init on the host takes
+    longer than a step, and the copy would need host memory for the fp32 weights)."""
     import torch
 
     torch.manual_seed(0)
-    if cfg.impl == "hf":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    with torch.device(device):
+        if cfg.impl == "hf":
+            from transformers import LlamaConfig, LlamaForCausalLM
 
-        m = cfg.model
-        config = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.ffn_hidden, num_attention_heads=m.n_heads,
-                             num_key_value_heads=m.n_kv_heads, head_dim=m.head_dim, num_hidden_layers=m.n_layers,
-                             vocab_size=m.vocab, max_position_embeddings=max(cfg.seq_len, 2048),
-                             rope_theta=m.rope_theta, tie_word_embeddings=m.tied_embeddings, use_cache=False)
-        return LlamaForCausalLM(config).to(torch.float32)
-    from autosp.compiler.models.llama import Llama
+            m = cfg.model
+            config = LlamaConfig(hidden_size=m.hidden, intermediate_size=m.ffn_hidden, num_attention_heads=m.n_heads,
+                                 num_key_value_heads=m.n_kv_heads, head_dim=m.head_dim, num_hidden_layers=m.n_layers,
+                                 vocab_size=m.vocab, max_position_embeddings=max(cfg.seq_len, 2048),
+                                 rope_theta=m.rope_theta, tie_word_embeddings=m.tied_embeddings, use_cache=False)
+            return LlamaForCausalLM(config).to(torch.float32)
+        from autosp.compiler.models.llama import Llama
 
-    return Llama(cfg.model)
+        return Llama(cfg.model)
 
 
 def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
@@ -162,9 +176,13 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     import autosp
     from studies.measure import memory
 
+    cuda = device.type == "cuda"
+    if cuda:  # what an earlier row left allocated (normally ~0) is not this row's
+        torch.cuda.synchronize(device)
+        leftover = torch.cuda.memory_allocated(device)
     before_keys = memory.live_storage_keys()
     plan = make_plan(cfg, hardware)
-    model = _build_model(cfg).to(device)
+    model = _build_model(cfg, device)
     t0 = time.perf_counter()
     engine = autosp.compile(model, plan=plan, backend=cfg.backend, dtype=cfg.dtype)
     del model
@@ -193,7 +211,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
         compile_times.append(time.perf_counter() - ts)
     setup_seconds = time.perf_counter() - t0
 
-    census = memory.static_census(engine.module, engine.optimizer)
+    census = memory.static_census(engine.module, engine.optimizer, device)
     # exclude what existed before this configuration (earlier rows' leftovers, the generator state, ...)
     stale = sum(nbytes for key, nbytes in memory.live_storage_keys().items() if key in before_keys)
     census["other"] = max(0, census["other"] - stale)
@@ -212,7 +230,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     for _ in range(cfg.grad_accum - 1):
         micro()
     gc.collect()
-    resident = memory.resident_peak(step) if device.type == "cpu" else {}
+    resident = memory.resident_peak(step) if not cuda else {}
 
     # timed steps
     rank_times, own = [], 0.0
@@ -221,11 +239,11 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     wall0 = time.perf_counter()
     for _ in range(cfg.steps):
         dist.barrier()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
         c0, ts = memory.cpu_seconds(), time.perf_counter()
         step()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
         rank_times.append(time.perf_counter() - ts)
         own += memory.cpu_seconds() - c0
@@ -234,10 +252,15 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     stat1 = _proc_stat() if rank == 0 else None
     load1 = os.getloadavg()[0]
 
-    allocated_peak = census["total"] + dyn["peak"]
+    if cuda:  # the allocator's own high-water mark of the measured step (it sees every device allocation)
+        allocated_peak = dyn["cuda"]["max_allocated"] - leftover
+    else:
+        allocated_peak = census["total"] + dyn["peak"]
     mem = {"static": census, "saved": dyn["saved"], "dynamic_peak": dyn["peak"], "dynamic_end": dyn["end"],
            "dynamic_at_peak": dyn.get("at_peak"),
            "other_largest_blocks": dyn.get("other_largest_blocks"), "peak_at": dyn.get("peak_at_fraction_of_step"), "dynamic_method": dyn["method"], "allocated_peak": allocated_peak}
+    if cuda:
+        mem["cuda"] = {**dyn["cuda"], "leftover_before_row": leftover}
     if resident:
         mem["resident_hwm"] = resident["hwm"]
         mem["rss_step_start"] = resident["rss_start"]
@@ -246,7 +269,8 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
             mem["runtime_overhead"] = resident["hwm"] - allocated_peak
     per_rank = {"rank": rank, "memory": mem, "step_times": rank_times, "own_cpu_seconds": own, "wall": wall,
                 "stat": (stat0, stat1), "load1": (load0, load1), "compile_times": compile_times,
-                "setup_seconds": setup_seconds}
+                "setup_seconds": setup_seconds,
+                "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
     del engine
     return per_rank
 
@@ -275,7 +299,30 @@ def _combine(cfg: RunConfig, ranks: list[dict], prediction=None) -> dict:
 
 # --- process group -----------------------------------------------------------------------------------
 
-def _rank_entry(rank, world, port, out_path, configs, threads, device_kind, hardware):
+def _row_path(folder: str, index: int) -> str:
+    return os.path.join(folder, f"row-{index}.pt")
+
+
+def _save_atomically(obj, path: str) -> None:
+    import torch
+
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # the parent polls for the file: it must never see half of it
+
+
+def _failure(err: Exception) -> dict:
+    from autosp.errors import UsageError
+
+    text = str(err)
+    if isinstance(err, UsageError):
+        unbuilt = "not implemented" in text or "cannot compile" in text
+        return {"status": "not_implemented" if unbuilt else "error", "error": text}
+    return {"status": "error", "error": f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"}
+
+
+def _rank_entry(rank, world, port, folder, configs, threads, device_kind, hardware, deadline=None,
+                min_row_seconds=0.0, prepare=None):
     import torch
     import torch.distributed as dist
 
@@ -291,26 +338,27 @@ def _rank_entry(rank, world, port, out_path, configs, threads, device_kind, hard
         backend = "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=600))
-    from autosp.errors import UsageError
-
-    results = []
     try:
-        for cfg in configs:
+        for index, cfg in enumerate(configs):
+            go = [deadline is None or time.time() + min_row_seconds <= deadline]
+            dist.broadcast_object_list(go, src=0)  # every rank takes rank 0's decision
+            if not go[0]:
+                break
             try:
+                if prepare is not None:
+                    prepare(cfg)
                 out = _run_one(cfg, rank, world, device, hardware)
-            except UsageError as err:
-                text = str(err)
-                out = {"status": "not_implemented" if "not implemented" in text else "error", "error": text}
             except Exception as err:  # noqa: BLE001 - a row fails, the study goes on
-                out = {"status": "error", "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+                out = _failure(err)
             gathered = [None] * world
             dist.all_gather_object(gathered, out)
             if rank == 0:
-                results.append(gathered)
+                _save_atomically(gathered, _row_path(folder, index))
+            # free this row's model, engine, compiled graphs and cached blocks before the next one
             gc.collect()
             torch._dynamo.reset()
-        if rank == 0:
-            torch.save(results, out_path)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -320,12 +368,56 @@ def default_threads(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
+def _predict(configs, hardware, predict: bool) -> list:
+    predictions = []
+    for cfg in configs:
+        pred = None
+        if hardware is not None and predict:
+            from autosp.cost_models import estimate
+
+            try:
+                pred = _estimate_dict(estimate(cfg.model, hardware, cfg.workload(), cfg.candidate()))
+            except ValueError as err:
+                pred = {"invalid": str(err)}
+        predictions.append(pred)
+    return predictions
+
+
+def _make_row(cfg: RunConfig, ranks: list, pred, env: dict) -> dict:
+    bad = next((r for r in ranks if r.get("status") in ("error", "not_implemented")), None)
+    if bad is not None:
+        row = {"status": bad["status"], "error": bad["error"], "config": cfg.to_dict(), "label": cfg.label}
+        if pred is not None:
+            row["prediction"] = pred
+    else:
+        row = _combine(cfg, ranks, pred)
+        env = {**env, "device_name": ranks[0].get("device_name")}
+    row["env"] = env
+    return row
+
+
+def _stop(processes) -> None:
+    """Stop the ranks this call started (each by its own process handle)."""
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+    for proc in processes:
+        proc.join(timeout=30)
+
+
 def measure_many(configs: list[RunConfig], hardware: HardwareSpec | None = None, device: str | None = None,
-                 predict: bool = True) -> list[dict]:
+                 predict: bool = True, *, on_row=None, deadline: float | None = None, min_row_seconds: float = 0.0,
+                 prepare=None) -> list[dict]:
     """Run ``configs`` (same world size) in one group of spawned ranks; one result dict per config.
 
     ``hardware``: the HardwareSpec the prediction (``row["prediction"]``, an Estimate as a dict) and the
     plan use; None: no prediction and a placeholder for the plan.
+
+    ``on_row(index, row)`` is called here as each configuration's row arrives, while the later ones run.
+    ``deadline`` (a ``time.time()`` value): no configuration starts with fewer than ``min_row_seconds``
+    left, and ranks still running at the deadline are stopped; configurations not measured get
+    ``status: "not_run"``. ``prepare(cfg)`` runs on every rank before a configuration is built (a
+    picklable function; an exception from it fails that row with its message).
     """
     import torch
     import torch.multiprocessing as mp
@@ -339,42 +431,49 @@ def measure_many(configs: list[RunConfig], hardware: HardwareSpec | None = None,
         raise ValueError("measure_many: every configuration must have the same world size (sp x dp)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     threads = configs[0].threads or default_threads(world)
-    predictions = []
-    for cfg in configs:
-        pred = None
-        if hardware is not None and predict:
-            from autosp.cost_models import estimate
-
-            try:
-                pred = _estimate_dict(estimate(cfg.model, hardware, cfg.workload(), cfg.candidate()))
-            except ValueError as err:
-                pred = {"invalid": str(err)}
-        predictions.append(pred)
+    predictions = _predict(configs, hardware, predict)
+    env = {"device": device, "world": world, "threads_per_rank": threads, "torch": torch.__version__,
+           "cores": os.cpu_count()}
+    rows: list = [None] * len(configs)
+    stopped_at_deadline = False
     saved_threads = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            out_path = os.path.join(tmp, "results.pt")
-            mp.spawn(_rank_entry, args=(world, free_port(), out_path, list(configs), threads, device, hardware),
-                     nprocs=world, join=True)
-            raw = torch.load(out_path, weights_only=False)
+            context = mp.start_processes(_rank_entry, args=(world, free_port(), tmp, list(configs), threads, device,
+                                                            hardware, deadline, min_row_seconds, prepare),
+                                         nprocs=world, join=False, start_method="spawn")
+            try:
+                finished = False
+                while not finished:
+                    finished = context.join(timeout=0.5)  # raises if a rank failed
+                    for i, cfg in enumerate(configs):
+                        if rows[i] is None and os.path.exists(_row_path(tmp, i)):
+                            ranks = torch.load(_row_path(tmp, i), weights_only=False)
+                            rows[i] = _make_row(cfg, ranks, predictions[i], env)
+                            if on_row is not None:
+                                on_row(i, rows[i])
+                    if not finished and deadline is not None and time.time() > deadline:
+                        stopped_at_deadline = True
+                        break
+            finally:
+                _stop(context.processes)
     finally:
         if saved_threads is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = saved_threads
-    rows = []
-    for cfg, ranks, pred in zip(configs, raw, predictions):
-        bad = next((r for r in ranks if r.get("status") in ("error", "not_implemented")), None)
-        if bad is not None:
-            row = {"status": bad["status"], "error": bad["error"], "config": cfg.to_dict(), "label": cfg.label}
-            if pred is not None:
-                row["prediction"] = pred
-        else:
-            row = _combine(cfg, ranks, pred)
-        row["env"] = {"device": device, "world": world, "threads_per_rank": threads,
-                      "torch": torch.__version__, "cores": os.cpu_count()}
-        rows.append(row)
+    first_missing = True
+    for i, cfg in enumerate(configs):
+        if rows[i] is None:
+            if stopped_at_deadline and first_missing:
+                why = "stopped at the deadline while it ran"
+            else:
+                why = f"not started: fewer than {min_row_seconds:.0f} s left before the deadline"
+            first_missing = False
+            rows[i] = {"status": "not_run", "error": why, "config": cfg.to_dict(), "label": cfg.label, "env": env}
+            if predictions[i] is not None:
+                rows[i]["prediction"] = predictions[i]
     return rows
 
 

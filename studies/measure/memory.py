@@ -81,17 +81,20 @@ def _base_optimizer(opt):
     return opt if isinstance(opt, torch.optim.Optimizer) else None
 
 
-def static_census(module: torch.nn.Module, optimizer) -> dict:
+def static_census(module: torch.nn.Module, optimizer, device: torch.device | None = None) -> dict:
     """Bytes alive now, by owner: ``parameters``, ``master_weights``, ``gradients``, ``optimizer_states``,
     ``zero_buffers`` (ZeRO's reduce/gather buckets and flat buffers that are not the above), ``other``
-    (inputs, rotary tables, anything else reachable), plus ``total`` and ``zero_buffer_names``."""
+    (inputs, rotary tables, anything else reachable), plus ``total`` and ``zero_buffer_names``.
+
+    ``device``: count only tensors on this kind of device (on a GPU the host-side tensors -- ZeRO-Offload's
+    master weights and Adam states, pinned activation copies, the input batch -- are not device memory)."""
     gc.collect()
     owner: dict = {}
     size: dict = {}
 
     def claim(t, what):
         key, nbytes = _storage_key(t)
-        if key is None or nbytes == 0:
+        if key is None or nbytes == 0 or (device is not None and key[0] != device.type):
             return
         size[key] = nbytes
         owner.setdefault(key, what)
@@ -156,11 +159,15 @@ def live_storage_keys() -> dict:
 
 
 class SavedTensors:
-    """Context manager: storages saved for backward during a forward, de-duplicated, classified."""
+    """Context manager: storages saved for backward during a forward, de-duplicated, classified.
 
-    def __init__(self, param_keys: set, vocab: int):
+    With ``device`` a GPU, tensors saved in host memory (activation offload's copies) are ``host``, not
+    ``activations``: they hold no device memory."""
+
+    def __init__(self, param_keys: set, vocab: int, device: torch.device | None = None):
         self.param_keys = param_keys
         self.vocab = vocab
+        self.on_host_is_offloaded = device is not None and device.type != "cpu"
         self.saved: dict = {}
 
     def _pack(self, t):
@@ -168,6 +175,8 @@ class SavedTensors:
         if key is not None and key not in self.saved:
             if key in self.param_keys:
                 kind = "parameters"
+            elif self.on_host_is_offloaded and t.device.type == "cpu":
+                kind = "host"
             elif t.dim() >= 1 and t.shape[-1] == self.vocab:
                 kind = "logits_loss"
             else:
@@ -184,7 +193,7 @@ class SavedTensors:
         return self._ctx.__exit__(*exc)
 
     def summary(self) -> dict:
-        out = {"activations": 0, "logits_loss": 0, "parameters": 0}
+        out = {"activations": 0, "logits_loss": 0, "parameters": 0, "host": 0}
         shapes: dict = {}
         for nbytes, kind, shape, dtype in self.saved.values():
             out[kind] += nbytes
@@ -250,7 +259,7 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
       ``other`` (the backward working set, the loss's transient tensors, all-to-all staging, ZeRO-3's
       gathered parameters, ...).
     """
-    saved = SavedTensors(param_storage_keys(module), vocab)
+    saved = SavedTensors(param_storage_keys(module), vocab, device)
     owned = {"gradients": set(), "zero_buffers": set()}
 
     def record_grad(p):
@@ -277,8 +286,16 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
         torch.cuda.reset_peak_memory_stats(device)
         run()
         torch.cuda.synchronize(device)
-        return {"saved": saved.summary(), "peak": torch.cuda.max_memory_allocated(device) - start,
-                "end": torch.cuda.memory_allocated(device) - start, "method": "torch.cuda.max_memory_allocated"}
+        max_allocated = torch.cuda.max_memory_allocated(device)
+        free, total = torch.cuda.mem_get_info(device)
+        return {"saved": saved.summary(), "peak": max_allocated - start,
+                "end": torch.cuda.memory_allocated(device) - start, "method": "torch.cuda.max_memory_allocated",
+                "cuda": {"max_allocated": max_allocated, "allocated_at_start": start,
+                         "max_reserved": torch.cuda.max_memory_reserved(device),
+                         # device memory the caching allocator does not manage: CUDA context, NCCL,
+                         # cuBLAS/cuDNN handles (what the cost model's reserve charges besides fragmentation)
+                         "outside_allocator": (total - free) - torch.cuda.memory_reserved(device),
+                         "device_total": total}}
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
