@@ -222,13 +222,12 @@ def test_autosp_train_and_measure_run_a_ring_plan(tmp_path):
     from test_compiler_train_cli import write_plan
 
     from autosp.cost_models.specs import Candidate
-    from autosp.planner.measure import MeasureOptions, probe, run_one
+    from autosp.planner.measure import MeasureOptions, run_one
     from autosp.planner.plan import load_plan
 
-    candidates = [Candidate(sp=2, ring=2, zero_stage=1), Candidate(sp=2, ring=2, overlap="kv_async")]
-    accepted, refused = probe(candidates)
-    assert accepted is None and "overlap=kv_async" in refused
-    plan = load_plan(write_plan(tmp_path / "ring.json", candidates[0], seq_len=47))
+    # (the measured-trials runner no longer asks the compiler which candidates it accepts: the search space
+    # holds only buildable ones, e.g. no all-to-all overlap on a pure ring; planner/measure.py)
+    plan = load_plan(write_plan(tmp_path / "ring.json", Candidate(sp=2, ring=2, zero_stage=1), seq_len=47))
     row = run_one(plan, MeasureOptions(k=1, steps=2, warmup=1, backend="aot_eager"), str(tmp_path), 0)
     assert row["status"] == "ok", row
     assert row["steps_measured"] == 2 and row["tokens_per_second"] > 0
