@@ -25,6 +25,11 @@ Two parts, both on 4 gloo ranks (world 4, fp32):
    kernel over the whole sequence with H/4 heads (same FLOPs), next to the cost model's
    ``ring.compute_factor``.
 
+3. **Step time, interleaved**: one engine per layout (U x R = 4x1, 2x2, 1x4) in the same 4 processes, stepped
+   in turn (A B C A B C ...) so the load other processes put on the machine falls on each alike; median step
+   time (slowest rank) against the prediction, and each layout against U4xR1. ``--only-interleaved`` reruns
+   just this part and keeps the rest of the results file.
+
 Writes studies/results/ring_costs.{txt,json}.
 """
 
@@ -174,6 +179,56 @@ def attention_part(seqs, repeats: int) -> list[dict]:
     return rows
 
 
+# --- part 3: step time, the layouts interleaved -------------------------------------------------------
+
+def _interleaved_worker(rank, world, model, seq, rings, rounds, backend):
+    """Step seconds (slowest rank) of one engine per ring degree, stepped in turn (A B C A B C ...) so that the
+    load other processes put on the machine falls on every layout alike."""
+    import torch
+    import torch.distributed as dist
+
+    import autosp
+    from autosp.compiler.models.llama import Llama
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.vocab, (1, seq), generator=torch.Generator().manual_seed(1234))
+    engines = [autosp.compile(Llama(model), sp_size=world, ring_size=r, zero_stage=1, micro_batch=1,
+                              backend=backend) for r in rings]
+
+    def step(engine):
+        loss = engine(input_ids=ids, labels=ids)
+        engine.backward(loss)
+        engine.step()
+
+    for engine in engines:  # compile
+        step(engine)
+    times = [[] for _ in rings]
+    for _ in range(rounds):
+        for i, engine in enumerate(engines):
+            dist.barrier()
+            t0 = time.perf_counter()
+            step(engine)
+            mine = torch.tensor([time.perf_counter() - t0])
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+            times[i].append(mine.item())
+    return times
+
+
+def interleaved_part(seq: int, rounds: int, backend: str, hw) -> dict:
+    from autosp.compiler import testing
+    from studies.measure import RunConfig
+    from studies.measure.compare import predicted as base
+
+    rings = (1, 2, 4)
+    started = time.time()
+    times = testing.spawn(_interleaved_worker, WORLD, MODEL, seq, rings, rounds, backend)
+    rows = []
+    for r, ts in zip(rings, times):
+        cfg = RunConfig(model=MODEL, seq_len=seq, sp=WORLD, ring=r, zero_stage=1, backend=backend)
+        rows.append({"ring": r, "times": ts, "measured": statistics.median(ts), "predicted": base(cfg, hw)["step"]})
+    return {"seq": seq, "rounds": rounds, "backend": backend, "rows": rows, "wall_s": round(time.time() - started, 1)}
+
+
 # --- predictions and table --------------------------------------------------------------------------
 
 def predicted(cfg, hw) -> dict:
@@ -207,7 +262,7 @@ def measured(row: dict) -> dict:
     return out
 
 
-def render(rows: list[dict], attention: list[dict]) -> str:
+def render(rows: list[dict], attention: list[dict], interleaved: dict | None = None) -> str:
     from studies.measure.compare import MIB, fmt_ratio
 
     head = (f"{'setting':<30}{'saved MiB':>10}{'pred':>7}{'p/m':>6} {'work MiB':>9}{'pred':>7}{'p/m':>6}{'at':>5} "
@@ -253,6 +308,19 @@ def render(rows: list[dict], attention: list[dict]) -> str:
         lines.append(f"{a['seq']:>6}  {zz:<26}{a['zigzag']['max_over_min']:8.2f}  {cc:<26}"
                      f"{a['contiguous']['max_over_min']:8.2f}  {be['ulysses_kernel_s'] * 1e3:10.0f}"
                      f"{be['measured_factor']:17.2f}{be['predicted_factor']:7.2f}")
+    if interleaved:
+        lines.append("")
+        lines.append(f"step time, U x R layouts stepped in turn ({interleaved['rounds']} rounds, median, slowest rank), "
+                     f"S = {interleaved['seq']}, ZeRO-1, {interleaved['backend']}")
+        head3 = f"{'layout':<10}{'step ms':>9}{'pred':>8}{'p/m':>6}  {'vs U4xR1 m/p':>13}  {'each round, ms':<30}"
+        lines += [head3, "-" * len(head3)]
+        b = interleaved["rows"][0]
+        for r in interleaved["rows"]:
+            layout = f"U{WORLD // r['ring']}xR{r['ring']}"
+            each = " ".join(f"{t * 1e3:.0f}" for t in r["times"])
+            lines.append(f"{layout:<10}{r['measured'] * 1e3:9.0f}{r['predicted'] * 1e3:8.0f}"
+                         f"{r['predicted'] / r['measured']:6.2f}  "
+                         f"{r['measured'] / b['measured']:6.2f}/{r['predicted'] / b['predicted']:<6.2f}  {each}")
     return "\n".join(lines)
 
 
@@ -263,6 +331,9 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="aot_eager", choices=("aot_eager", "inductor"))
     parser.add_argument("--quick", action="store_true", help=f"only the rows at S <= {BASE_SEQ}")
     parser.add_argument("--repeats", type=int, default=3, help="attention-alone repetitions (default 3)")
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved step-time rounds (default 6)")
+    parser.add_argument("--only-interleaved", action="store_true",
+                        help="measure only the interleaved step times; keep the rest of results/ring_costs.json")
     parser.add_argument("--repredict", action="store_true",
                         help="measure nothing: re-predict the rows of results/ring_costs.json with the current "
                              "cost model (the measurements do not depend on it)")
@@ -274,10 +345,22 @@ def main(argv=None) -> int:
     hw = calibrated_cpu(WORLD)
     started = time.time()
     measured_wall = None
-    if args.repredict:
+    interleaved = None
+    if args.repredict or args.only_interleaved:
         import json
 
         old = json.loads((RESULTS / "ring_costs.json").read_text())
+        interleaved = old.get("interleaved")
+        if args.only_interleaved:
+            print("step times, layouts interleaved ...", file=sys.stderr, flush=True)
+            interleaved = interleaved_part(LONG_SEQS[0], args.rounds, args.backend, hw)
+        elif interleaved:
+            from studies.measure.compare import predicted as predicted_base
+
+            for r in interleaved["rows"]:
+                cfg = RunConfig(model=MODEL, seq_len=interleaved["seq"], sp=WORLD, ring=r["ring"], zero_stage=1,
+                                backend=interleaved["backend"])
+                r["predicted"] = predicted_base(cfg, hw)["step"]
         pairs = [(r["group"], RunConfig.from_dict(r["config"])) for r in old["rows"]]
         raw = [r.get("raw") or r for r in old["rows"]]
         attention = old["attention"]
@@ -300,6 +383,8 @@ def main(argv=None) -> int:
         raw = measure_many([c for _, c in pairs], hardware=None, on_row=progress)
         print("ring attention alone ...", file=sys.stderr, flush=True)
         attention = attention_part((BASE_SEQ, LONG_SEQS[-1]) if not args.quick else (BASE_SEQ,), args.repeats)
+        print("step times, layouts interleaved ...", file=sys.stderr, flush=True)
+        interleaved = interleaved_part(LONG_SEQS[0] if not args.quick else BASE_SEQ, args.rounds, args.backend, hw)
     rows = []
     for (group, cfg), row in zip(pairs, raw):
         out = {"group": group, "label": cfg.label, "status": row["status"], "config": cfg.to_dict()}
@@ -308,7 +393,7 @@ def main(argv=None) -> int:
         else:
             out["error"] = row.get("error")
         rows.append(out)
-    table = render(rows, attention)
+    table = render(rows, attention, interleaved)
     ok = [r for r in rows if r["status"] == "ok"]
     contention = max(((r["measured"]["other_cpu"] or 0) for r in ok), default=0)
     text = (f"ring costs: {MODEL.name} ({MODEL.n_layers} layers, hidden {MODEL.hidden}, {MODEL.n_heads} heads, "
@@ -327,7 +412,7 @@ def main(argv=None) -> int:
     write_json(RESULTS / "ring_costs.json", {"environment": environment(), "hardware": hw.name,
                                             "models": [asdict(MODEL), asdict(MODEL_2H)], "rows": rows,
                                             "attention": attention,
-                                            "wall_s": measured_wall or round(time.time() - started, 1)})
+                                            "interleaved": interleaved, "wall_s": measured_wall or round(time.time() - started, 1)})
     (RESULTS / "ring_costs.txt").write_text(text, encoding="utf-8")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
