@@ -1,6 +1,6 @@
 """The cost model's ring terms against real runs on this CPU (issue 11's evidence for 2-D SP).
 
-    python -m studies.ring_costs                 # about 20 minutes on 2 busy shared cores
+    python -m studies.ring_costs                 # about 30 minutes on 2 busy shared cores
     python -m studies.ring_costs --repredict     # re-predict the last run's rows, measure nothing
 
 Two parts, both on 4 gloo ranks (world 4, fp32):
