@@ -121,6 +121,8 @@ def layer_saved_elems(sh: Shapes, policy: str, mlp_tiled: bool) -> tuple[float, 
     c = sh.kv_copies
     attn = sh.prof.kept_attn[i]
     attn_elems = attn.other + attn.kv * c
+    if policy == "sequence":  # a pure ring has no all-to-all outputs to save (ring.py)
+        attn_elems -= ring.sequence_policy_without_all_to_all(sh)[0]
     if mlp_tiled:
         return attn_elems, 0.0
     mlp = sh.prof.kept_mlp[i]
@@ -167,6 +169,8 @@ def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[fl
     mlp_phase = (re_mlp.other + re_mlp.kv * c) + mlp_live + p.mlp_grads.other / mlp_chunks + p.mlp_phase_grads.other
     mlp_fixed = re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
     attn_phase = (re_attn.other + re_attn.kv * c) + grads.other + grads.kv * c
+    if policy == "sequence":  # a pure ring recomputes q, k, v under `sequence` (ring.py)
+        attn_phase += ring.sequence_policy_without_all_to_all(sh)[1]
     attn_fixed = re_attn.fixed + grads.fixed + ring.backward_extra_bytes(sh)
     return mlp_phase, mlp_fixed, attn_phase, attn_fixed
 

@@ -33,7 +33,8 @@ from autosp.cost_models.specs import Candidate, HardwareSpec
 __all__ = ["CAUSAL_HALF_TOKENS", "FULL_HALF_TOKENS", "DKV_BYTES", "RING_DKV_BUFFERS", "RING_KV_BUFFERS",
            "backward_extra_bytes", "block_speeds", "compute_factor", "dkv_block_bytes", "exposed_backward",
            "exposed_forward", "forward_extra_bytes", "kernel_speed", "kv_block_bytes", "layer_times", "link",
-           "padding_multiple", "pointwise_bytes", "spans_nodes", "transfer_times"]
+           "padding_multiple", "pointwise_bytes", "sequence_policy_without_all_to_all", "spans_nodes",
+           "transfer_times"]
 
 # --- block efficiency -------------------------------------------------------------------------------
 CAUSAL_HALF_TOKENS = 534.0
@@ -190,6 +191,23 @@ def backward_extra_bytes(sh: Shapes) -> float:
         return 0.0
     return (4.0 * sh.q + RING_DKV_BUFFERS * 2.0 * sh.k_eff * DKV_BYTES
             + RING_KV_BUFFERS * 2.0 * sh.k_eff * sh.e)
+
+
+def sequence_policy_without_all_to_all(sh: Shapes) -> tuple[float, float]:
+    """(kept elements fewer, attention-phase backward elements more) per local token and layer under ``sequence``
+    checkpointing in a pure ring (U = 1), against what the profile's ``sequence`` set describes.
+
+    ``sequence`` saves attention outputs and *collective* outputs (compiler/passes/checkpointing.py): under
+    Ulysses that is q, k, v after their all-to-all and the attention output in both layouts (before and after
+    the return all-to-all). A pure ring has no all-to-all: q, k, v come straight from the projections and are
+    recomputed in the backward like them, and the attention output has one layout. Measured
+    (studies/ring_costs.py, sp 4, S 4096): a ring of 4 saved 3.2 MiB per rank under ``sequence``, U 2 x R 2
+    6.1 MiB, where the profile's set predicts 6.0 MiB for both. The recomputed q, k, v then live through the
+    layer's attention backward, like under ``full``."""
+    if sh.R == 1 or sh.U > 1:
+        return 0.0, 0.0
+    qkv = sh.q + 2.0 * sh.k_eff
+    return qkv + sh.q, qkv
 
 
 def pointwise_bytes(sh: Shapes) -> tuple[float, float]:

@@ -25,9 +25,11 @@ How each baseline is driven follows its public documentation in DeepSpeed 0.19.8
   ``shift_labels`` (labels shifted over the full sequence, as its ``UlyssesSPDataLoaderAdapter`` does);
   the loss is the per-shard mean, then (as the ALST tutorial recommends) the good-token weighted
   average over the SP group through a differentiable all-gather. Both values are reported.
-- autosp: ``autosp.compile(model, sp_size=P, zero_stage=1)``; every rank passes the full batch.
+- autosp: ``autosp.compile(model, sp_size=P, zero_stage=1)``; every rank passes the full batch. With
+  ``--rings`` also its 2-D layouts, ``autosp.compile(..., ring_size=R)``: Ulysses over P/R ranks x ring
+  attention over R ranks (R = P: pure ring), which neither baseline has; each is a row of its own.
 
-Run:  .venv/bin/python studies/compare_sp_implementations.py [--sp 2] [--seq 256] [--steps 6]
+Run:  .venv/bin/python studies/compare_sp_implementations.py [--sp 4] [--rings 1,2,4] [--seq 256] [--steps 6]
 Writes a JSON summary (default studies/results/compare_sp_implementations.json) and prints a table.
 """
 
@@ -141,11 +143,11 @@ def run_reference(model, ids, labels, args):
     return out.loss.item(), grads, statistics.median(times)
 
 
-def run_autosp(model, ids, labels, args, rank):
+def run_autosp(model, ids, labels, args, rank, ring=1):
     import autosp
 
-    engine = autosp.compile(copy.deepcopy(model), sp_size=args.sp, zero_stage=1, micro_batch=1, optimizer=sgd0,
-                            backend=args.backend)
+    engine = autosp.compile(copy.deepcopy(model), sp_size=args.sp, ring_size=ring, zero_stage=1, micro_batch=1,
+                            optimizer=sgd0, backend=args.backend)
     def loss_fn():
         loss = engine(input_ids=ids, labels=labels)
         return loss, loss.item()
@@ -228,6 +230,17 @@ def run_alst(model, ids, labels, args, rank):
 REF_GRADS: dict = {}
 
 
+def autosp_name(sp: int, ring: int) -> str:
+    """The result key of autosp's row with ring degree ``ring`` ("autosp" for pure Ulysses, as before)."""
+    return "autosp" if ring == 1 else f"autosp_u{sp // ring}xr{ring}"
+
+
+def implementations(args):
+    """(result key, runner) in the order they run: autosp's layouts, then the two baselines."""
+    runs = [(autosp_name(args.sp, r), (lambda r: lambda *a: run_autosp(*a, ring=r))(r)) for r in args.rings]
+    return runs + [("deepspeed_autosp", run_deepspeed_autosp), ("alst", run_alst)]
+
+
 def worker(rank, world, args):
     global REF_GRADS
     import torch._dynamo
@@ -237,7 +250,7 @@ def worker(rank, world, args):
     ids, labels = make_batch(args)
     ref_loss, REF_GRADS, ref_time = run_reference(model, ids, labels, args)
     results = {"reference": {"loss": ref_loss, "step_time_s": ref_time}}
-    for name, fn in (("autosp", run_autosp), ("deepspeed_autosp", run_deepspeed_autosp), ("alst", run_alst)):
+    for name, fn in implementations(args):
         torch._dynamo.reset()
         try:
             results[name] = fn(model, ids, labels, args, rank)
@@ -250,19 +263,27 @@ def worker(rank, world, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sp", type=int, default=2)
+    parser.add_argument("--sp", type=int, default=4, help="SP degree = processes (default 4)")
+    parser.add_argument("--rings", default="1,2,4",
+                        help="autosp's ring degrees, one row each (1 = pure Ulysses; those not dividing --sp or "
+                             "leaving more Ulysses ranks than heads are skipped; default 1,2,4)")
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--prompt-frac", type=float, default=0.4)
+    parser.add_argument("--prompt-frac", type=float, default=0.2,
+                        help="share of the sequence whose labels are ignored (default 0.2: every one of 4 shards still holds valid targets)")
     parser.add_argument("--steps", type=int, default=6, help="steps per implementation; the first is not timed")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "compare_sp_implementations.json"))
     args = parser.parse_args()
+    rings = [int(r) for r in args.rings.split(",") if r.strip()]
+    args.rings = [r for r in rings if r >= 1 and args.sp % r == 0 and args.heads % (args.sp // r) == 0]
+    if 1 not in args.rings:
+        parser.error("--rings must include 1 (pure Ulysses is the row the others are compared with)")
 
     from autosp.compiler import testing
 
@@ -283,7 +304,7 @@ def main():
     print(f"true full-sequence loss {true:.6f}  (single process eager step {results['reference']['step_time_s']:.3f} s)")
     print(f"{'implementation':<18} {'reported loss':>14} {'rel. error':>11} {'worst grad err':>15} {'step s':>8} "
           f"{'x autosp':>9}")
-    for name in ("autosp", "deepspeed_autosp", "alst"):
+    for name in [autosp_name(args.sp, r) for r in args.rings] + ["deepspeed_autosp", "alst"]:
         r = results.get(name, {})
         if "failed" in r:
             print(f"{name:<18} failed: {r['failed']}")

@@ -63,7 +63,6 @@ class RunConfig:
     offload_activations: bool = False
     overlap: str = "none"
     offload_optimizer: bool = False
-    ring: int = 1
     sequence_chunks: int = 1
     offload_chunks: bool = False
     offload_param: bool = False

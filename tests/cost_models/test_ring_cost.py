@@ -218,3 +218,22 @@ def test_the_cost_model_pads_as_the_compiler_does():
         for ring in (1, 2, 3, 4, 8, 16):
             assert padding_multiple(Candidate(sp=ulysses * ring, ring=ring)) == pad_multiple(ulysses, ring), \
                 (ulysses, ring)
+
+
+def test_sequence_checkpointing_in_a_pure_ring_keeps_no_qkv():
+    """`sequence` saves attention and collective outputs: with a Ulysses dimension q, k, v (after their
+    all-to-all) and both layouts of the attention output; a pure ring has no all-to-all, so it keeps the layer
+    input and one attention output and recomputes q, k, v in the backward (measured: studies/ring_costs.py)."""
+    w = Workload(seq_len=4096)
+    h, q, k = 64, 64, 32
+    pure = Shapes(TINY, w, Candidate(sp=4, ring=4, checkpointing="sequence"))
+    hybrid = Shapes(TINY, w, Candidate(sp=4, ring=2, checkpointing="sequence"))
+    assert memory.layer_saved_elems(pure, "sequence", False) == (h + q, 0.0)
+    assert memory.layer_saved_elems(hybrid, "sequence", False) == (h + 3 * q + 2 * k, 0.0)
+    # the recomputed q, k, v live through the layer's attention backward
+    hybrid_phase = memory.layer_transient_phases(hybrid, "sequence", 1)[2]
+    assert memory.layer_transient_phases(pure, "sequence", 1)[2] == hybrid_phase + q + 2 * k
+    # other policies and pure Ulysses are untouched
+    for policy in ("none", "selective", "full"):
+        assert (memory.layer_saved_elems(pure, policy, False) == memory.layer_saved_elems(hybrid, policy, False))
+    assert ring.sequence_policy_without_all_to_all(Shapes(TINY, w, Candidate(sp=4))) == (0.0, 0.0)

@@ -4,6 +4,7 @@ and measured trials run with autosp-train on CPU."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,6 +107,37 @@ def _tiny():
 
     return ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128,
                      vocab=128)
+
+
+@pytest.mark.slow
+def test_measure_runs_a_ring_plan_end_to_end(tmp_path, monkeypatch):
+    """--measure on a 2-D space: a one-head model on the 2-process CPU cluster with one sequence per step can only
+    use both processes as a ring of 2 (Ulysses needs a head per rank), so every candidate the measurement runs is
+    a ring plan; autosp-train trains it (torchrun, gloo) and the measurement chooses it."""
+    from autosp.cost_models.specs import ModelSpec
+    from autosp.planner.api import make_plan
+    from autosp.planner.measure import MeasureOptions
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    one_head = ModelSpec(name="tiny-1head", n_layers=2, hidden=32, n_heads=1, n_kv_heads=1, head_dim=32,
+                         ffn_hidden=64, vocab=128)
+    # cpu2 with a slow host link, so that no candidate offloads the optimizer (its first use builds DeepSpeed's CPU
+    # Adam, minutes on a small machine, which has nothing to do with the ring)
+    hw = tmp_path / "cpu2-slow-host.toml"
+    hw.write_text((EXAMPLES / "cpu2.toml").read_text().replace("host_bandwidth = 5.0e9", "host_bandwidth = 1.0e5"))
+    options = MeasureOptions(k=1, steps=1, warmup=1, backend="aot_eager", timeout_s=300,
+                             keep_dir=str(tmp_path / "runs"))
+    # 502 tokens: padded to a multiple of lcm(sp, 2 x ring) = 4 (504) for the zigzag chunks
+    plan = make_plan(one_head, "502", str(hw), dtype="fp32", global_batch=1, trials=8, measure=options)
+    table = plan.search["measured"]
+    assert table["chosen_by"] == "measurement", table
+    assert table["results"] and all(r["status"] == "ok" for r in table["results"]), table["results"]
+    assert all(r["candidate"]["sp"] == 2 and r["candidate"]["ring"] == 2 for r in table["results"])
+    assert (plan.candidate.sp, plan.candidate.ring) == (2, 2)
+    out = (tmp_path / "runs" / "candidate0.out").read_text()
+    assert "sp2(u1xr2)" in out, out  # autosp-train ran the ring
+    steps = [json.loads(line) for line in (tmp_path / "runs" / "candidate0.steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 and abs(steps[0]["loss"] - math.log(128)) < 0.2  # a fresh model's loss, ~ln(vocab)
 
 
 @pytest.mark.slow
