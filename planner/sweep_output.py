@@ -90,6 +90,10 @@ def plot_png(rows: list[dict]) -> bytes:
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         ax.set_xscale("log", base=2)
+        contexts = sorted({r["ctx"] for r in ok})
+        if contexts:
+            ax.set_xticks(contexts, [format_tokens(c) for c in contexts])
+            ax.minorticks_off()
         ax.set_xlabel("context (tokens per sequence)")
         ax.set_ylabel("tokens/s (whole cluster)")
         ax.set_title("Predicted training throughput of the best plan")
