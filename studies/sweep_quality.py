@@ -96,6 +96,10 @@ def quality(lines: list[str]) -> None:
                 return a.workload.seq_len / b.workload.seq_len
             return a.estimate.tokens_per_second / b.estimate.tokens_per_second
 
+        speed_note = ""
+        if objective == "max-ctx" and fast is not None and default is not None \
+                and fast.workload.seq_len == default.workload.seq_len:
+            speed_note = f"  (tokens/s at that context: {fast.estimate.tokens_per_second / default.estimate.tokens_per_second:.4f})"
         rd = ratio(fast, default)
         re_ = ratio(fast, exh) if exh_cpu is not None else "-"
         if isinstance(rd, float):
@@ -107,7 +111,7 @@ def quality(lines: list[str]) -> None:
             return f"{v:.4f}" if isinstance(v, float) else str(v)
 
         lines.append(f"  {model:<15}{hw:<10}{ctx or 'max':>6}  {show(rd):>12}{show(re_):>16}{fast_cpu:>11.2f}"
-                     f"{default_cpu:>14.2f}{'-' if exh_cpu is None else f'{exh_cpu:.2f}':>11}")
+                     f"{default_cpu:>14.2f}{'-' if exh_cpu is None else f'{exh_cpu:.2f}':>11}{speed_note}")
         print(lines[-1], file=sys.stderr, flush=True)
     for name, ratios in (("default", ratios_default), ("exhaustive", ratios_exh)):
         values = [r[0] for r in ratios]

@@ -120,3 +120,14 @@ def test_the_command_line_pins_and_reports_them():
     assert rc == 0
     assert "Pinned   offload_activations=true zero_stage=2" in out.getvalue()
     assert "ZeRO stage                    2" in out.getvalue()
+
+
+def test_check_holds_a_pinned_plan_to_the_same_pins(tmp_path):
+    from autosp.planner.check import check
+
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="32k", hw="h100x4", search="fast",
+                                fix=["zero_stage=0", "checkpointing=full"]))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    result = check(str(path), cache=None)
+    assert result["exit_code"] == 0, result
