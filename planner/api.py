@@ -102,10 +102,12 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         measure = measure.check(hw_spec)
     space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile,
                         fixed=request.fix)
-    if request.fix and space.size() == 0 and objective == "throughput":
-        from autosp.planner.pins import empty_reason
+    if request.fix:
+        from autosp.planner.pins import check_pins, empty_reason
 
-        raise UsageError(empty_reason(space))
+        check_pins(space)
+        if space.size() == 0 and objective == "throughput":
+            raise UsageError(empty_reason(space))
     if global_batch is not None and space.size() == 0:
         dps = sorted({hw_spec.world_size // sp for sp in space.sp})
         raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "

@@ -2,20 +2,23 @@
 cost-model calls per request, for commands that plan hundreds of requests at once.
 
 It is the default search's structure sweep and local refinement (:mod:`autosp.planner.search`) without the
-TPE trials, made cheap by two properties of the cost model (asserted over exhaustive searches in
-tests/planner/test_fast.py, and the quality measured against the default and the exhaustive searches by
-``studies/sweep_quality.py``):
+TPE trials, made cheap by two properties of the cost model (the first asserted over a whole space in
+tests/planner/test_sweep.py; the search's quality against the default and the exhaustive searches is measured
+by ``studies/sweep_quality.py``):
 
 - within one structure (sp, ring, ZeRO stage, checkpointing), the dial knobs (MLP and logits+loss tiling,
   activation and optimizer offload, :data:`~autosp.planner.search.DIAL_KNOBS`) only ever cost time: the
   undialed point of a family (fewest chunks, no offload) bounds the tokens/s of every point of it;
-- the dials and a higher ZeRO stage only ever save memory: the leanest point of a family (most chunks,
-  every offload) fits the longest context any of its points fits.
+- more tiling and a higher ZeRO stage only save device memory, and so do the offloads, but the two offloads
+  share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
+  stage (and the highest below 3, where a tied model may tile its loss), with each offload pair
+  (:data:`OFFLOADS`).
 
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
 families are completed (:func:`~autosp.planner.search.complete`: the greedy dial walk) best bound first,
-and the sweep stops when the best fitting plan found is at least the next family's bound (branch and bound:
-no family that could win is skipped). A light climb then moves the micro-batch, the overlap schedule and
+a family none of whose leanest points fits is skipped (memory-only calls), and the sweep stops when the best
+fitting plan found is at least the next family's bound (branch and bound: by the first property no family
+that could win is left out; within a family the dial walk is greedy, as in the default search). A light climb then moves the micro-batch, the overlap schedule and
 the dials of the winner one knob at a time (re-choosing the dials after a structural move).
 
 ``max-ctx``: the leanest point of every (sp, ring, checkpointing, overlap) family at micro-batch 1, ZeRO 3
@@ -27,6 +30,7 @@ The fastest plan at the longest context is then the throughput search above at t
 from __future__ import annotations
 
 import itertools
+
 from autosp.planner.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
 from autosp.planner.search import DIAL_KNOBS, complete
 

@@ -6,9 +6,9 @@ file: ``8``, ``true`` / ``false``, ``full`` (or ``"full"``). :func:`parse_pins` 
 field exists, the value has its type and passes the Candidate's own checks) and returns them as a sorted tuple of
 ``(name, value)`` pairs: the form :class:`~autosp.planner.request.PlanRequest` holds and the plan cache keys on.
 
-:func:`pin_space` restricts a search space to the pins (the knob's choices become the pinned value: a value the
-default search does not offer, e.g. ``micro_batch=16``, is searched too when the rules allow it), and says in
-one line why the pins leave no valid candidate. ``dp`` pins the SP degree (sp = world / dp); ``grad_accum`` is
+:func:`autosp.planner.space.restrict` restricts a search space to the pins (the knob's choices become the pinned
+value: a value the default search does not offer, e.g. ``micro_batch=16``, is searched too when the rules allow
+it); :func:`check_pins` and :func:`empty_reason` say in one line why pins cannot hold. ``dp`` pins the SP degree (sp = world / dp); ``grad_accum`` is
 checked against the global batch. A Candidate field the search space does not search yet can only be pinned to
 its default.
 """
@@ -16,7 +16,7 @@ its default.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, fields
 
 from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
@@ -119,50 +119,39 @@ def parse_pins(pins) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(out.items()))
 
 
-def pin_reason(cand: Candidate, pins) -> str | None:
-    """The first pin ``cand`` does not keep, as one line, or None."""
-    for name, value in pins:
-        if getattr(cand, name) != value:
-            return f"{name} is pinned to {_plain(value)} (--fix), this candidate has {_plain(getattr(cand, name))}"
-    return None
+def check_pins(space) -> None:
+    """A UsageError, in one line, when a pin of ``space`` (a space built with ``fixed``) cannot hold on its model
+    and cluster: an SP degree the cluster cannot place, a dp that does not divide the world, a knob the search
+    does not search yet pinned away from its default, grad_accum without a global batch."""
+    from autosp.planner.space import sp_reason
 
-
-def pin_space(space, pins):
-    """``space`` with its knob choices restricted to ``pins`` (UsageError when a pin cannot hold here)."""
-    if not pins:
-        return space
     hw = space.hardware
-    changes = {}
-    for name, value in pins:
-        if name == "dp":
-            if hw.world_size % value:
-                raise UsageError(f"--fix dp={value}: dp must divide the {hw.world_size} GPUs of {hw.name}")
-            name, value = "sp", hw.world_size // value
-        if name == "grad_accum" and value != 1 and space.workload.global_batch is None:
-            raise UsageError(f"--fix grad_accum={value} needs --global-batch (without it a step trains one "
-                             "micro-batch per data-parallel replica)")
-        if name in space.KNOBS:
-            if name in changes and changes[name] != (value,):
-                raise UsageError(f"--fix {format_pins(pins)}: dp and sp pin different SP degrees")
-            changes[name] = (value,)
-        elif name not in DERIVED:
-            default = next(f.default for f in fields(Candidate) if f.name == name)
-            if value != default:
-                raise UsageError(f"--fix {name}={_plain(value)}: the planner does not search {name} yet (the cost "
-                                 f"model does not price it); it can only be pinned to its default {_plain(default)}")
-    if "sp" in changes:
-        from autosp.planner.space import sp_reason
-
-        sp = changes["sp"][0]
-        if sp not in space.sp:
-            reason = dict(space.excluded_sp).get(sp) or sp_reason(space.model, hw, sp, space.allow_cross_node_sp)
-            raise UsageError(f"--fix sp={sp}: {reason or 'not an SP degree of this cluster'}")
-    return replace(space, fixed=tuple(pins), **changes)
+    pins = dict(space.fixed)
+    if "dp" in pins and hw.world_size % pins["dp"]:
+        raise UsageError(f"--fix dp={pins['dp']}: dp must divide the {hw.world_size} GPUs of {hw.name}")
+    if "dp" in pins and "sp" in pins and pins["sp"] * pins["dp"] != hw.world_size:
+        raise UsageError(f"--fix sp={pins['sp']} dp={pins['dp']}: sp x dp must be the {hw.world_size} GPUs of "
+                         f"{hw.name}")
+    sp = pins.get("sp", hw.world_size // pins["dp"] if "dp" in pins else None)
+    if sp is not None:
+        reason = sp_reason(space.model, hw, sp, space.allow_cross_node_sp)
+        if reason:
+            raise UsageError(f"--fix sp={sp}: {reason}")
+    if pins.get("grad_accum", 1) != 1 and space.workload.global_batch is None:
+        raise UsageError(f"--fix grad_accum={pins['grad_accum']} needs --global-batch (without it a step trains one "
+                         "micro-batch per data-parallel replica)")
+    for name, value in space.fixed:
+        if name in space.KNOBS or name in DERIVED:
+            continue
+        default = next(f.default for f in fields(Candidate) if f.name == name)
+        if value != default:
+            raise UsageError(f"--fix {name}={_plain(value)}: the planner does not search {name} yet (the cost "
+                             f"model does not price it); it can only be pinned to its default {_plain(default)}")
 
 
 def empty_reason(space) -> str:
     """Why a pinned space has no valid candidate: the rule each SP layout the pins allow breaks."""
-    from autosp.planner.space import divisors, invalid_reason, layout_reason
+    from autosp.planner.space import divisors, invalid_reason, layout_reason, pin_reason
 
     pins = dict(space.fixed)
     hw = space.hardware
@@ -192,5 +181,4 @@ def empty_reason(space) -> str:
     return f"--fix {format_pins(space.fixed)} leaves no valid plan: {why}"
 
 
-__all__ = ["DERIVED", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value", "pin_reason",
-           "pin_space"]
+__all__ = ["DERIVED", "check_pins", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value"]

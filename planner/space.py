@@ -41,8 +41,8 @@ Validity rules (docs/design.md section 2)
   tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
-Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): a pinned knob's choices are the pinned value alone,
-and :meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
+Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinned value alone, and
+:meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
 ``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
@@ -316,8 +316,6 @@ class SearchSpace:
     def reason(self, cand: Candidate, workload: Workload | None = None) -> str | None:
         reason = invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
         if reason is None and self.fixed:
-            from autosp.planner.pins import pin_reason
-
             reason = pin_reason(cand, self.fixed)
         return reason
 
@@ -465,8 +463,30 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
                         sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
                         micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, profile=profile)
-    if fixed:
-        from autosp.planner.pins import pin_space
+    return restrict(space, tuple(fixed)) if fixed else space
 
-        space = pin_space(space, tuple(fixed))
-    return space
+
+def _shown(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def pin_reason(cand: Candidate, pins) -> str | None:
+    """The first pin (name, value) ``cand`` does not keep, as one line, or None."""
+    for name, value in pins:
+        if getattr(cand, name) != value:
+            return f"{name} is pinned to {_shown(value)} (--fix), this candidate has {_shown(getattr(cand, name))}"
+    return None
+
+
+def restrict(space: SearchSpace, pins) -> SearchSpace:
+    """``space`` with each pinned knob's choices reduced to the pinned value (``dp`` pins sp = world / dp); the
+    candidates must also keep every pin (:meth:`SearchSpace.reason`). :func:`autosp.planner.pins.check_pins`
+    says in one line why pins cannot hold."""
+    changes = {}
+    world = space.hardware.world_size
+    for name, value in pins:
+        if name == "dp":
+            name, value = "sp", world // value if value and world % value == 0 else 0
+        if name in space.KNOBS:
+            changes[name] = (value,)
+    return replace(space, fixed=tuple(pins), **changes)
