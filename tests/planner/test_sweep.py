@@ -134,7 +134,8 @@ def test_parallel_jobs_give_the_same_rows():
     assert strip == [{k: v for k, v in r.items() if k != "wall_s"} for r in two]
 
 
-@pytest.mark.parametrize("model, hw, ctx", [("llama-3.2-1b", "h100x2", "32k"), ("llama-3.1-8b", "h100x4", "256k"),
+@pytest.mark.slow  # three exhaustive searches, ~10 s of CPU
+@pytest.mark.parametrize("model, hw, ctx", [("llama-3.2-1b", "h100x2", "32k"), ("llama-3.1-8b", "h100x2", "256k"),
                                             ("mistral-7b", "h100x2", "128k")])
 def test_the_fast_search_finds_the_exhaustive_optimum_here(model, hw, ctx):
     fast = plan_for(PlanRequest(model=model, hw=hw, ctx=ctx, search="fast"))
@@ -143,6 +144,7 @@ def test_the_fast_search_finds_the_exhaustive_optimum_here(model, hw, ctx):
     assert fast.search["evaluations"] < best.search["evaluations"] / 5
 
 
+@pytest.mark.slow  # exhaustive max-ctx searches
 def test_fast_max_ctx_matches_the_exhaustive_longest_context():
     for hw in ("h100x1", "h100x2"):
         fast = plan_for(PlanRequest(model="llama-3.2-1b", hw=hw, objective="max-ctx", search="fast"))
