@@ -92,8 +92,9 @@ def run(reqs: list[PlanRequest], cache=None, jobs: int = 1) -> list[dict]:
 
     bar = progress_bar(len(reqs), "sweep")
     rows: list = [None] * len(reqs)
+    jobs = min(jobs, len(reqs))
     try:
-        if jobs <= 1 or len(reqs) < 2:
+        if jobs <= 1:
             for i, r in enumerate(reqs):
                 rows[i] = plan_one(r, cache)
                 bar.update()

@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast (default): no sampler, for many requests; optuna: autosp-plan's default")
     p.add_argument("--trials", metavar="N", help="Optuna trials (--search optuna)")
     p.add_argument("--seed", metavar="S", type=int, default=0)
-    p.add_argument("--jobs", metavar="N", type=int, default=1, help="plan in N processes at once (default 1)")
+    p.add_argument("--jobs", metavar="N", type=int, default=None,
+                   help="plan in N forked processes at once (default: the CPUs this process may use, at most 8; "
+                        "1 plans in this process)")
     cache = p.add_mutually_exclusive_group()
     cache.add_argument("--cache", metavar="PATH|URL", help="plan cache (default: as autosp-plan)")
     cache.add_argument("--no-cache", action="store_true", help="neither read nor write the plan cache")
@@ -59,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "longest context against GPUs with max-ctx, else tokens/s "
                                                      "against context")
     return p
+
+
+def default_jobs() -> int:
+    """The CPUs this process may use, at most 8 (each process plans whole requests; the rows do not depend on it)."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
 
 
 MAX_REQUESTS = 10_000
@@ -74,6 +87,8 @@ def main(argv: list[str]) -> int:
     contexts = split_list(args.ctx, "--ctx") if args.ctx else [None]
     if args.objective != "max-ctx" and contexts == [None]:
         raise UsageError("autosp-plan sweep needs --ctx (one or more lengths), or --objective max-ctx")
+    if args.jobs is None:
+        args.jobs = default_jobs()
     if args.jobs < 1:
         raise UsageError(f"--jobs must be a positive integer, got {args.jobs}")
     if args.plot is not None:
@@ -115,4 +130,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["MAX_REQUESTS", "build_parser", "main"]
+__all__ = ["MAX_REQUESTS", "build_parser", "default_jobs", "main"]
