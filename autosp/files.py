@@ -1,6 +1,6 @@
 """Reading inputs and writing outputs safely, for every autosp command.
 
-Writing (``--plan-out``, ``--ds-config``, ``--best-out``, ``autosp-calibrate --out``, ``autosp-train
+Writing (``--plan-out``, ``--ds-config``, ``--best-out``, ``autosp-plan sweep --plot``, ``autosp-calibrate --out``, ``autosp-train
 --log-json``):
 
 - only to a regular file, new or existing; a directory, device node, named pipe or socket at the path is
@@ -31,7 +31,7 @@ import tempfile
 
 from autosp.errors import UsageError
 
-__all__ = ["MAX_INPUT_BYTES", "check_output", "file_kind", "read_json", "read_text", "write_text"]
+__all__ = ["MAX_INPUT_BYTES", "check_output", "file_kind", "read_json", "read_text", "write_bytes", "write_text"]
 
 MAX_INPUT_BYTES = 64 * 2**20
 """Plans, configs and profiles are kilobytes; a bigger input is the wrong file (and reading a multi-GB
@@ -102,6 +102,11 @@ def check_output(path, flag: str = "") -> None:
 
 def write_text(path, text: str, flag: str = "") -> None:
     """Replace ``path`` with ``text`` atomically (see the module docstring); UsageError on failure."""
+    write_bytes(path, text.encode("utf-8"), flag)
+
+
+def write_bytes(path, data: bytes, flag: str = "") -> None:
+    """Replace ``path`` with ``data`` atomically (a PNG, ...; see the module docstring); UsageError on failure."""
     real, st = _target(path, flag)
     directory = os.path.dirname(real)
     tmp = None
@@ -109,8 +114,8 @@ def write_text(path, text: str, flag: str = "") -> None:
         os.makedirs(directory, exist_ok=True)
         mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(real)}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
             os.fchmod(f.fileno(), mode)

@@ -50,18 +50,18 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
-              measure=None, time_budget=None) -> Plan:
+              measure=None, time_budget=None, fix=()) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
     :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
     docs say what each takes, and the run options of :func:`plan_for`)."""
     request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
                           dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
-                          seed=seed, time_budget=time_budget, top_k=top_k)
+                          seed=seed, time_budget=time_budget, top_k=top_k, fix=fix)
     return plan_for(request, cache=cache, storage=storage, study_name=study_name, worker=worker, measure=measure)
 
 
 def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, study_name: str | None = None,
-             worker: str | None = None, measure=None) -> Plan:
+             worker: str | None = None, measure=None, diagnose: bool = True) -> Plan:
     """The best plan for ``request``.
 
     ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a database URL
@@ -71,6 +71,8 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     (:mod:`autosp.planner.study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its
     ``k``): run the top-k candidates with autosp-train and choose by the measurement
     (:mod:`autosp.planner.measure`). A shared study or a measurement bypasses the plan cache.
+    ``diagnose=False`` leaves out of the InfeasibleError how many GPUs would fit (pricing bigger clusters costs
+    more than the search; ``autosp-plan sweep`` plans many requests).
     Raises UsageError for bad input and InfeasibleError when nothing fits.
     """
     started = time.perf_counter()
@@ -98,7 +100,14 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
 
     if measure is not None:
         measure = measure.check(hw_spec)
-    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile)
+    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile,
+                        fixed=request.fix)
+    if request.fix:
+        from autosp.planner.pins import check_pins, empty_reason
+
+        check_pins(space)
+        if space.size() == 0 and objective == "throughput":
+            raise UsageError(empty_reason(space))
     if global_batch is not None and space.size() == 0:
         dps = sorted({hw_spec.world_size // sp for sp in space.sp})
         raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
@@ -144,6 +153,12 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
                    if shared is None else
                    f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + structure sweep + "
                    f"local refinement, shared study {shared.study_name!r}")
+    elif strategy == "fast":
+        from autosp.planner import fast
+
+        result = (fast.fast_throughput(space, evaluator) if objective == "throughput"
+                  else fast.fast_max_ctx(space, evaluator))
+        sampler = "fast: branch and bound over the structure families + light climb (no sampler)"
     else:
         from autosp.planner import exhaustive
 
@@ -156,15 +171,19 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     search_seconds = time.perf_counter() - search_started
 
     best = result.best
+    if best is None and request.fix and not result.ranked and not result.max_ctx:
+        from autosp.planner.pins import empty_reason
+
+        raise UsageError(empty_reason(space))  # no candidate keeps the pins at all
     if best is None:
-        raise InfeasibleError(infeasible_message(space, evaluator, objective, allow_cross_node_sp))
+        raise InfeasibleError(infeasible_message(space, evaluator, objective, allow_cross_node_sp, hint=diagnose))
     cand, est = best
     if objective == "max-ctx":
         if seq_len is not None and result.seq_len < seq_len:
             raise InfeasibleError(
                 f"the longest context any plan fits on {hw_spec.name} is {format_tokens(result.seq_len)} tokens "
-                f"({result.seq_len:,}), short of the requested {format_tokens(seq_len)}; "
-                f"{more_gpus_hint(space, seq_len, allow_cross_node_sp)}")
+                f"({result.seq_len:,}), short of the requested {format_tokens(seq_len)}"
+                + (f"; {more_gpus_hint(space, seq_len, allow_cross_node_sp)}" if diagnose else ""))
         workload = replace(workload, seq_len=result.seq_len)
 
     runner_ups = explain_runner_ups(result, evaluator, objective, top_k)
@@ -208,6 +227,8 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         why = fallback_reason(model_spec)
         if why:
             search_info["model_profile"] = f"analytic fallback ({why})"
+    if request.fix:
+        search_info["fixed"] = dict(request.fix)
     if objective == "max-ctx":
         search_info["max_ctx_tokens"] = result.seq_len
         search_info["max_ctx_granule"] = CTX_GRANULE

@@ -27,7 +27,7 @@ def _target_flags(p) -> None:
     cross.add_argument("--no-cross-node-sp", dest="allow_cross_node_sp", action="store_const", const=False,
                        help="keep every SP group inside one node")
     s = p.add_argument_group("the search for the best plan now")
-    s.add_argument("--search", choices=("optuna", "exhaustive"), help="default: the plan's own, else optuna")
+    s.add_argument("--search", choices=("optuna", "exhaustive", "fast"), help="default: the plan's own, else optuna")
     s.add_argument("--trials", metavar="N", help="Optuna trials (default: the plan's)")
     s.add_argument("--seed", metavar="S", type=int, help="default: the plan's")
     c = s.add_mutually_exclusive_group()

@@ -52,9 +52,24 @@ distributed search (several workers, one Optuna study):
 measured trials (run the best candidates for a few steps with autosp-train, choose by measurement):
   autosp-plan --model cfg.json --ctx 2k --hw cpu2.toml --dtype fp32 --measure 3 --measure-backend aot_eager
 
+pinned knobs (--fix KNOB=VALUE, repeatable):
+  KNOB is a field of the plan's "candidate" (sp, dp, ring, zero_stage, micro_batch, grad_accum, checkpointing,
+  mlp_chunks, loss_chunks, offload_activations, overlap, offload_optimizer, ...); VALUE is written as in a
+  plan file: 8, true/false, full. The search explores only plans that keep every pin; pins that cannot hold
+  on the model and cluster are one line, exit 2.
+  autosp-plan --model llama-3.1-8b --ctx 1M --hw h100x8 --fix zero_stage=3 --fix checkpointing=full
+  autosp-plan --model llama-3.1-8b --objective max-ctx --hw h100x8 --fix sp=8 --fix offload_optimizer=false
+
 subcommands (autosp-plan SUBCOMMAND --help):
   check PLAN_OR_DS_CONFIG   is a committed plan still valid, feasible and near the best? (CI; exit 0/3/4)
   select --candidates F...  pick the best still-feasible plan among files (CI)
+  sweep                     many requests in one table and plot (lists of models, clusters, contexts)
+                            autosp-plan sweep --model llama-3.1-8b,llama-3.1-70b --hw h100x8,h100x32 --ctx 128k,1M
+                            autosp-plan sweep --model llama-3.1-8b --hw h100x{1,8,64} --objective max-ctx --plot m.png
+  explain                   price ONE configuration (knobs from --fix, or a plan / DeepSpeed config file): the
+                            plan table, its memory and step time, and why it fits or does not (exit 0 / 3)
+                            autosp-plan explain --model llama-3.1-8b --ctx 1M --hw h100x8 --fix sp=8 --fix zero_stage=3
+                            autosp-plan explain plan.json --ctx 2M
 
 batch sizes:
   without --global-batch each data-parallel replica trains micro-batch sequences per step
@@ -99,8 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     how = p.add_argument_group("search")
     how.add_argument("--objective", default="throughput", choices=("throughput", "max-ctx"),
                      help="throughput: most tokens/s at --ctx (default); max-ctx: the longest context that fits")
-    how.add_argument("--search", default="optuna", choices=("optuna", "exhaustive"),
-                     help="optuna (default): TPE with memory as a constraint; exhaustive: score every candidate")
+    how.add_argument("--search", default="optuna", choices=("optuna", "exhaustive", "fast"),
+                     help="optuna (default): TPE with memory as a constraint; exhaustive: score every candidate; "
+                          "fast: no sampler, branch and bound over the structure families (what sweep uses)")
+    how.add_argument("--fix", action="append", metavar="KNOB=VALUE",
+                     help="pin a plan knob (repeatable): the search keeps it (see 'pinned knobs' below)")
     how.add_argument("--trials", metavar="N", help="Optuna trials (default 60; at most 10,000)")
     how.add_argument("--time-budget", metavar="S", help="stop the Optuna trials after S seconds (30, 90s, 2m, 1h); "
                                                         "without --trials the budget alone decides how many run")
@@ -172,12 +190,20 @@ def _hardware_rows(specs) -> list[str]:
     return rows
 
 
-SUBCOMMANDS = ("check", "select")
+SUBCOMMANDS = ("check", "select", "sweep", "explain")
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
+        if argv[0] == "sweep":
+            from autosp.planner import sweep_cli
+
+            return sweep_cli.main(argv[1:])
+        if argv[0] == "explain":
+            from autosp.planner import price_cli
+
+            return price_cli.main(argv[1:])
         from autosp.planner import check_cli
 
         return check_cli.main(argv[0], argv[1:])

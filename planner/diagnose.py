@@ -112,7 +112,9 @@ def more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
     return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
 
 
-def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool) -> str:
+def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool, hint: bool = True) -> str:
+    """Why nothing fits, on one line; ``hint``: also how many GPUs would (it prices bigger clusters: a
+    sweep, which plans many requests, leaves it out)."""
     seq_len = space.workload.seq_len
     if objective == "max-ctx":
         from autosp.planner.evaluator import CTX_GRANULE
@@ -125,6 +127,8 @@ def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bo
     if lean is None:
         return f"no valid candidate for {space.model.name} on {where}"
     what = f"{space.model.name} at {format_tokens(seq_len)} tokens on {where}: {_needs(*lean)}"
+    if not hint:
+        return f"no plan fits {what}"
     return f"no plan fits {what}; {more_gpus_hint(space, seq_len, allow_cross_node_sp)}"
 
 

@@ -36,9 +36,7 @@ def memory_lean_first(cand) -> tuple:
 def longest_context(space, evaluator: Evaluator, label: str = "max-ctx") -> tuple[int, dict]:
     """(the longest context any micro-batch-1 candidate fits, {candidate: its exact max context} for
     the candidates that set a new record)."""
-    from dataclasses import replace
-
-    structural = replace(space.with_workload(evaluator.workload(MAX_CTX)), micro_batch=(1,))
+    structural = space.with_workload(evaluator.workload(MAX_CTX)).lean_micro_batch()
     candidates = sorted(structural.candidates(), key=memory_lean_first)
     best, records = 0, {}
     bar = progress_bar(len(candidates), label)

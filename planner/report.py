@@ -182,7 +182,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
 
     s = plan.search
     cache = s.get("cache", "off")
-    if cache == "hit":
+    if s.get("strategy") == "explain":
+        where = "none: this configuration priced as given (autosp-plan explain)"
+    elif cache == "hit":
         where = f"cached plan (from {s.get('cache_location', 'the plan cache')}; searched in " \
                 f"{format_seconds(s.get('search_wall_time_s', 0.0))} when first asked)"
     else:
@@ -191,6 +193,12 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
                  f"evaluations, space of {s.get('space_size', 0):,} candidates (space {s.get('space_version', '?')})"
                  f"; cache {cache}")
     lines.append(f"Search   {where}")
+    if s.get("fixed"):
+        from autosp.planner.pins import format_pins
+
+        pins = format_pins(sorted(s["fixed"].items()))
+        lines.append(f"Given    {pins} (--fix)" if s.get("strategy") == "explain" else
+                     f"Pinned   {pins} (--fix: the search kept these)")
     study = s.get("study")
     if study:
         lines.append(f"Study    {study.get('study_name')} in {study.get('storage')}: {study.get('trials_in_study')} "

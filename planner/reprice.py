@@ -49,7 +49,7 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
             raise UsageError(f"{art.path}: hardware {art.hardware_name!r} is not in the catalog; give --hw") from None
         hw = art.hardware_name
     s = art.search if search_from_plan else {}
-    search = overrides.get("search") or (s.get("strategy") if s.get("strategy") in ("optuna", "exhaustive")
+    search = overrides.get("search") or (s.get("strategy") if s.get("strategy") in ("optuna", "exhaustive", "fast")
                                          else "optuna")
     trials = overrides.get("trials") or (s.get("trials") if search == "optuna" and s.get("trials") else None)
     seed = overrides["seed"] if overrides.get("seed") is not None else s.get("seed") or 0
@@ -61,7 +61,8 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                        allow_cross_node_sp=bool(overrides["allow_cross_node_sp"]
                                                 if overrides.get("allow_cross_node_sp") is not None
                                                 else art.search.get("allow_cross_node_sp")),
-                       search=search, trials=trials, seed=seed)
+                       search=search, trials=trials, seed=seed,
+                       fix=art.search.get("fixed") or ())  # a plan made with --fix is checked against the same pins
 
 
 def resolve_target(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> ResolvedRequest:

@@ -27,7 +27,7 @@ from autosp.planner.plan import OBJECTIVES
 from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
 from autosp.units import check_seed, parse_count, parse_ctx, parse_seconds
 
-SEARCHES = ("optuna", "exhaustive")
+SEARCHES = ("optuna", "exhaustive", "fast")
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -57,7 +57,8 @@ class PlanRequest:
     """SP groups may span nodes (their all-to-alls or ring steps then use the inter-node links); False keeps
     every SP group inside one node (``--no-cross-node-sp``)."""
     search: str = "optuna"
-    """``optuna`` (which scores a small space whole) or ``exhaustive``."""
+    """``optuna`` (which scores a small space whole), ``exhaustive``, or ``fast`` (no sampler: branch and bound
+    over the structure families, :mod:`autosp.planner.fast`; the default of ``autosp-plan sweep``)."""
     trials: int | None = None
     """Optuna trials; None: 60, or as many as ``time_budget`` allows; 0 only with a shared study."""
     seed: int = 0
@@ -65,6 +66,10 @@ class PlanRequest:
     """Seconds the Optuna trials may take (``"2m"``)."""
     top_k: int = 3
     """Runner-ups to explain."""
+    fix: tuple = ()
+    """Pinned knobs (``--fix KNOB=VALUE``): ``["zero_stage=3", "checkpointing=full"]``, a dict or (name, value)
+    pairs of :class:`~autosp.cost_models.specs.Candidate` fields; held as sorted (name, value) pairs
+    (:mod:`autosp.planner.pins`). The search explores only plans that keep them."""
 
     def __post_init__(self):
         def set_(name, value):
@@ -107,6 +112,9 @@ class PlanRequest:
             set_("time_budget", parse_seconds(self.time_budget, "--time-budget"))
             if self.search != "optuna":
                 raise UsageError("--time-budget bounds the Optuna search; --search exhaustive scores every candidate")
+        from autosp.planner.pins import parse_pins
+
+        set_("fix", parse_pins(self.fix))
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise UsageError(f"top_k must be a non-negative integer, got {self.top_k!r}")
 

@@ -258,12 +258,14 @@ def complete(space, cand, estimate):
     every single memory-saving step (next tiling level, an offload, the next ZeRO stage); remember the
     fastest step that fits, and continue the walk through the step that saves the most memory per unit
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
-    knobs = dict(_knobs_of(space, cand), mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                 offload_optimizer=False)
+    choices = space.choices()
+    # the fastest dial the space offers (a pinned dial has one value)
+    knobs = dict(_knobs_of(space, cand), mlp_chunks=choices["mlp_chunks"][0], loss_chunks=choices["loss_chunks"][0],
+                 **{k: False if False in choices[k] else choices[k][0]
+                    for k in ("offload_activations", "offload_optimizer")})
     current = space.make(**knobs)
     if space.reason(current):
         return None
-    choices = space.choices()
     best = None
 
     def consider(c, e):
@@ -461,7 +463,7 @@ def _record_and_rank(study, target, evaluator, seq, ranked, ends):
 
 def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
                    deadline: float | None = None) -> SearchResult:
-    structural = replace(space.with_workload(evaluator.workload(MAX_CTX)), micro_batch=(1,))
+    structural = space.with_workload(evaluator.workload(MAX_CTX)).lean_micro_batch()
 
     def value_fn(cand):
         if structural.reason(cand):

@@ -41,6 +41,9 @@ Validity rules (docs/design.md section 2)
   tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
+Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinned value alone, and
+:meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
+
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
 ``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
@@ -48,6 +51,7 @@ no two candidates of the space mean the same training run. :data:`SPACE_VERSION`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from dataclasses import dataclass, field, replace
@@ -75,9 +79,14 @@ CROSS_NODE_FLAG = "--no-cross-node-sp"
 """The autosp-plan flag that keeps every SP group inside one node (named in the reasons below)."""
 
 
+@functools.lru_cache(maxsize=1024)
+def _padding_multiple(sp: int, ring: int) -> int:
+    return padding_multiple(Candidate(sp=sp, ring=ring))  # memoised: the searches ask for it per candidate
+
+
 def padded_length(seq_len: int, sp: int, ring: int = 1) -> int:
     """The sequence length after padding to a multiple of ``sp`` (of lcm(sp, 2 x ring) with a ring: zigzag chunks)."""
-    multiple = padding_multiple(Candidate(sp=sp, ring=ring))
+    multiple = _padding_multiple(sp, ring)
     return -(-seq_len // multiple) * multiple
 
 
@@ -259,6 +268,9 @@ class SearchSpace:
     offload_activations: tuple[bool, ...] = OFFLOAD
     overlap: tuple[str, ...] = OVERLAP_SCHEDULES
     offload_optimizer: tuple[bool, ...] = OFFLOAD
+    fixed: tuple[tuple[str, object], ...] = ()
+    """Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): (name, value) pairs every candidate must keep;
+    their choices above are already restricted to the pinned value."""
     profile: object = field(default=None, compare=False, repr=False)
     """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
@@ -302,11 +314,20 @@ class SearchSpace:
         return 1 if chunks == 1 else cand.sp * chunks * MIN_TILE_TOKENS
 
     def reason(self, cand: Candidate, workload: Workload | None = None) -> str | None:
-        return invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
+        reason = invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
+        if reason is None and self.fixed:
+            reason = pin_reason(cand, self.fixed)
+        return reason
 
     def with_workload(self, workload: Workload) -> "SearchSpace":
         """The space of the same request at another workload (the tiling choices depend on its length)."""
-        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile)
+        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile,
+                           fixed=self.fixed)
+
+    def lean_micro_batch(self) -> "SearchSpace":
+        """This space with micro-batch 1 only, or its one pinned micro-batch (a bigger micro-batch never fits
+        a longer sequence: what the max-ctx searches explore)."""
+        return replace(self, micro_batch=(1,) if 1 in self.micro_batch else self.micro_batch[:1])
 
     def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
         """The knob values valid together with ``sp`` for some ring degree: ``ring`` lists those degrees, the
@@ -416,10 +437,12 @@ class SearchSpace:
 
 
 def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cross_node_sp: bool = True,
-                micro_batches: tuple[int, ...] | None = None, profile=None) -> SearchSpace:
+                micro_batches: tuple[int, ...] | None = None, profile=None, fixed=()) -> SearchSpace:
     """The space for one request. ``micro_batches`` overrides the micro-batch choices (max-ctx uses 1);
     ``profile`` is the model's graph-derived ModelProfile (None: the analytic one of ``model``).
-    ``allow_cross_node_sp=False`` keeps every SP group inside a node (``autosp-plan --no-cross-node-sp``)."""
+    ``allow_cross_node_sp=False`` keeps every SP group inside a node (``autosp-plan --no-cross-node-sp``).
+    ``fixed``: pinned knobs, (name, value) pairs (:func:`autosp.planner.pins.pin_space`; a UsageError when
+    a pin cannot hold on this model and cluster)."""
     valid, excluded, rings = [], [], set()
     for sp in divisors(hw.world_size):
         reason = sp_reason(model, hw, sp, allow_cross_node_sp)
@@ -437,6 +460,33 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
         # Only micro-batches that can divide some replica's share of the global batch.
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
         mb = mb or (1,)
-    return SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
-                       sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
-                       micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, profile=profile)
+    space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
+                        sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
+                        micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, profile=profile)
+    return restrict(space, tuple(fixed)) if fixed else space
+
+
+def _shown(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def pin_reason(cand: Candidate, pins) -> str | None:
+    """The first pin (name, value) ``cand`` does not keep, as one line, or None."""
+    for name, value in pins:
+        if getattr(cand, name) != value:
+            return f"{name} is pinned to {_shown(value)} (--fix), this candidate has {_shown(getattr(cand, name))}"
+    return None
+
+
+def restrict(space: SearchSpace, pins) -> SearchSpace:
+    """``space`` with each pinned knob's choices reduced to the pinned value (``dp`` pins sp = world / dp); the
+    candidates must also keep every pin (:meth:`SearchSpace.reason`). :func:`autosp.planner.pins.check_pins`
+    says in one line why pins cannot hold."""
+    changes = {}
+    world = space.hardware.world_size
+    for name, value in pins:
+        if name == "dp":
+            name, value = "sp", world // value if value and world % value == 0 else 0
+        if name in space.KNOBS:
+            changes[name] = (value,)
+    return replace(space, fixed=tuple(pins), **changes)
