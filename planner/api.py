@@ -148,7 +148,10 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
             result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared,
                                                      deadline=deadline)
         else:
-            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline)
+            from autosp.planner.fast import fast_longest_context
+
+            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline,
+                                                  lean_sweep=fast_longest_context)
         sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + structure sweep + local refinement"
                    if shared is None else
                    f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + structure sweep + "

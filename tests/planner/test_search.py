@@ -52,6 +52,8 @@ def test_the_default_search_scores_a_small_space_whole():
     while scoring every candidate costs less than the Optuna search."""
     from autosp.planner.api import make_plan
 
+    from autosp.planner.api import make_plan
+
     default = make_plan("mistral-7b", "8k", "h100x2")
     best = make_plan("mistral-7b", "8k", "h100x2", search="exhaustive")
     assert default.candidate == best.candidate
@@ -107,3 +109,13 @@ def test_max_ctx_floor_and_infeasible_diagnosis():
         make_plan("llama-3.1-405b", "32k", "h100x8", trials=10)
     with pytest.raises(UsageError, match="--ctx is required"):
         make_plan("llama-3.2-1b", None, "h100x2")
+
+
+def test_max_ctx_finds_a_fit_that_only_the_leanest_corner_has():
+    """Llama-3.1-70B on two H100s fits only with every memory knob at its leanest; TPE's trials alone found
+    no fitting point and the default search answered 'no plan fits' while the fast search found 60k."""
+    from autosp.planner.api import make_plan
+
+    default = make_plan("llama-3.1-70b", None, "h100x2", objective="max-ctx")
+    fast = make_plan("llama-3.1-70b", None, "h100x2", objective="max-ctx", search="fast")
+    assert default.workload.seq_len >= fast.workload.seq_len >= 60_000
