@@ -92,7 +92,11 @@ def warm_starts(space) -> list[dict]:
     sp = max(choices["sp"])
     lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none", offload_optimizer=True)
+                offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
+                offload_chunks=False)
+    # the leanest layers: sequence-chunked, with (or, when host memory binds, without) the chunks offloaded
+    chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True)
+    chunked_on_device = dict(chunked, offload_chunks=False)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
@@ -101,7 +105,7 @@ def warm_starts(space) -> list[dict]:
     lean_tiled_loss = dict(lean, zero_stage=2)
     other_rings = [dict(lean, ring=r) for r in space.rings_for(sp) if r != lean["ring"]]
     starts = []
-    for knobs in (lean, lean_tiled_loss, middle, fast, *other_rings):
+    for knobs in (lean, chunked, chunked_on_device, lean_tiled_loss, middle, fast, *other_rings):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
         knobs = _knobs_of(space, space.make_nearest(**knobs))
         if knobs not in starts:
@@ -199,9 +203,11 @@ def _single_moves(space, cand, stronger: bool) -> list:
         for value in (values[i + 1:] if up else values[:i]):
             moves.append(dict(knobs, **{name: value}))
 
-    for name in ("mlp_chunks", "loss_chunks", "checkpointing", "zero_stage"):
+    for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
         step(name, up=stronger)
     step("micro_batch", up=not stronger)
+    if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
+        moves.append(dict(knobs, offload_chunks=stronger))
     if cand.checkpointing != "none" and cand.offload_activations != stronger:
         moves.append(dict(knobs, offload_activations=stronger))
     if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
@@ -246,7 +252,8 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
-DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
+DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
+              "offload_chunks")
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
@@ -259,7 +266,7 @@ def complete(space, cand, estimate):
     fastest step that fits, and continue the walk through the step that saves the most memory per unit
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
     knobs = dict(_knobs_of(space, cand), mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                 offload_optimizer=False)
+                 offload_optimizer=False, sequence_chunks=1, offload_chunks=False)
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -278,13 +285,15 @@ def complete(space, cand, estimate):
             break
         base = _knobs_of(space, current)
         options = []
-        for name in ("mlp_chunks", "loss_chunks"):
+        for name in ("mlp_chunks", "loss_chunks", "sequence_chunks"):
             values = choices[name]
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
-        if current.checkpointing != "none" and not current.offload_activations:
+        if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
             options.append(dict(base, offload_activations=True))
+        if current.sequence_chunks > 1 and not current.offload_chunks:
+            options.append(dict(base, offload_chunks=True))
         if current.zero_stage >= 1 and not current.offload_optimizer:
             options.append(dict(base, offload_optimizer=True))
         higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
@@ -319,7 +328,8 @@ def structure_sweep(space, estimate) -> None:
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                        checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                                       overlap=per["overlap"][-1], offload_optimizer=False), estimate)
+                                       overlap=per["overlap"][-1], offload_optimizer=False, sequence_chunks=1,
+                                       offload_chunks=False), estimate)
 
 
 def _distinct_starts(ranked, k: int) -> list:
@@ -490,6 +500,9 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     if best_ctx == 0:
         return SearchResult(strategy="optuna", seq_len=0, ranked=[], evaluations=evaluator.calls,
                             trials=stage1_trials, max_ctx=dict(memo))
+    for cand, ctx in memo.items():  # the candidates that reach the longest context are in the ranking for sure
+        if ctx == best_ctx:         # (at the boundary the throughput study may not sample one that fits)
+            evaluator(cand, best_ctx)
     result = optuna_throughput(space, evaluator, trials=max(20, trials // 2), seed=seed, seq_len=best_ctx,
                                label="optuna at max-ctx", deadline=deadline)
     result.trials += stage1_trials
