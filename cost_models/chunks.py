@@ -6,18 +6,20 @@ the Ulysses all-to-alls per chunk; attention of chunk i over the key/value chunk
 log-sum-exp (the idea of DeepSpeed's FPDT, Yao et al., arXiv 2408.16978). docs/cost_model.md ("Sequence-chunked
 layers") derives every term; the short version, per layer:
 
-- **What becomes one chunk**: every token-wise tensor of the backward working set (recomputed activations,
-  MLP intermediates, dO/dq and flash attention's fp32 dq accumulator, the all-to-all staging buffers, a ring's
-  buffers) and every fp32 side tensor: c tokens instead of s.
-- **What stays full-length**: the layer's output gradient and the input gradient being assembled (2h per token:
-  the next layer hands the whole gradient over, and the previous one needs it whole), the kept sets of all
-  layers (the chunks' saved tensors add up to the unchunked ones), the keys/values of all chunks (chunk N-1's
-  queries attend to all of them) and the dK/dV accumulators (every later query chunk adds to them; fp32, summed
-  over up to N chunks, like the ring's).
-- **offload_chunks** moves what stays full-length but is not a gradient to host memory: every tensor the layers
-  save (the kept sets, K/V included, chunk by chunk in the forward) and, in the backward, the K/V chunks and the
-  fp32 dK/dV accumulators; the device holds prefetch buffers: two chunks of one layer's kept set (the one in use,
-  the next arriving), two K/V chunks and two fp32 dK/dV chunks (one in use, one in flight).
+- **What a chunked layer keeps** (the layer is one op with its own rule, checkpointed like attention: kept under
+  ``none``/``selective``/``sequence``, recomputed under ``full``): per chunk its token-wise inputs (the layer
+  input x, h), its keys and values (2k'), the merged attention output (q) and its fp32 log-sum-exp (4a bytes);
+  everything else is recomputed in its backward, one chunk at a time: the cost of ``full`` checkpointing
+  without recomputing attention. Under ``full`` only the layer input is kept (activation offload moves it), and
+  the layer's backward first re-runs its chunked forward, which keeps its set for that one layer.
+- **What becomes one chunk**: the recomputed layer of one chunk with its gradients (the ``full`` policy's
+  backward working set, for c tokens), the all-to-all staging buffers, a ring's buffers.
+- **What stays full-length**: the layer's output gradient and the input gradient being assembled (2h per token),
+  the kept sets of all layers, and the dK/dV accumulators (every later query chunk adds to them; fp32, like the
+  ring's), plus fp32 accumulators of the layer's weight gradients (summed over the chunks) for 16-bit weights.
+- **offload_chunks** moves the kept chunks and the backward's dK/dV accumulators to host memory; the device
+  holds prefetch buffers: two chunks of one layer's kept set (the one in use, the next arriving), two K/V
+  chunks and two fp32 dK/dV chunks (one in use, one in flight).
 
 Time: attention in N x N blocks (smaller, slower kernels: the block-efficiency model of cost_models/ring.py),
 N-fold all-to-all and ring latencies, a fixed cost per chunk and pass, and with offload the host<->device copies
@@ -35,9 +37,13 @@ from autosp.cost_models import ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 
-__all__ = ["ACCUMULATOR_BYTES", "CHUNK_KV_BUFFERS", "CHUNK_SAVED_BUFFERS", "compute_factor", "full_length_grad_elems",
-           "host_bytes", "kept_on_device", "kv_elems", "offload_exposed", "offload_pass_bytes", "transient_bytes",
-           "transfer_seconds"]
+__all__ = ["ACCUMULATOR_BYTES", "CHUNK_KV_BUFFERS", "CHUNK_SAVED_BUFFERS", "RECOMPUTE_POLICY", "compute_factor",
+           "full_length_grad_elems", "host_bytes", "kept_on_device", "kv_elems", "offload_exposed", "offload_pass_bytes",
+           "saved_bytes_per_token", "transient_bytes", "transfer_seconds"]
+
+RECOMPUTE_POLICY = "full"
+"""A chunked layer's backward recomputes one chunk of the whole layer but its attention: its working set is the
+``full`` policy's for c tokens (the profile's phases), and its recompute work that of ``full`` minus attention."""
 
 CHUNK_SAVED_BUFFERS = 2
 """With offload_chunks, chunks of one layer's kept set on the device in the backward: the one in use and the
@@ -88,16 +94,23 @@ def compute_factor(sh: Shapes) -> float:
     return (1.0 / diag + (steps - 1) / off) / steps
 
 
-def transient_bytes(sh: Shapes, policy: str, mlp_chunks: int, offload: bool) -> float:
-    """Bytes one chunked layer holds on top of the kept sets during its backward (the larger of the MLP and the
-    attention phase of one chunk; docs/cost_model.md, "Sequence-chunked layers").
+def saved_bytes_per_token(sh: Shapes) -> float:
+    """Bytes one chunked layer keeps per local token, whatever the policy: the layer input (h), K and V (2k'),
+    the merged attention output (q), in the training dtype, and the fp32 log-sum-exp (one per local head)."""
+    return (sh.h + kv_elems(sh) + sh.q) * sh.e + 4.0 * sh.a
 
-    Per chunk (c tokens): the phases of memory.layer_transient_phases without their K/V and residual-gradient
-    parts; the ring's backward buffers. Full-length (s tokens): the residual gradients (2h); without offload the
-    fp32 dK/dV accumulators (2k' x 4) and, under ``full`` (the layer's K/V are recomputed, not kept), the K/V of
-    all chunks. With offload those two become CHUNK_KV_BUFFERS chunks each."""
+
+def transient_bytes(sh: Shapes, mlp_chunks: int, offload: bool) -> float:
+    """Bytes one chunked layer holds on top of the kept sets during its backward (docs/cost_model.md,
+    "Sequence-chunked layers").
+
+    One chunk (c tokens): the larger of the ``full`` policy's MLP and attention phases of
+    memory.layer_transient_phases (the chunk's layer recomputed with autograd) without their residual-gradient
+    part; the ring's backward buffers. Full-length (s tokens): the residual gradients (2h); without offload the
+    fp32 dK/dV accumulators (2k' x 4), with offload CHUNK_KV_BUFFERS chunks each of K/V and of accumulators.
+    Plus the fp32 accumulators of the layer's weight gradients (summed over the chunks) for 16-bit weights."""
     p = sh.prof
-    i = POLICY_INDEX[policy]
+    i = POLICY_INDEX[RECOMPUTE_POLICY]
     e, c, s = sh.e, sh.c, sh.s
     copies = sh.kv_copies
     re_mlp, re_attn, grads = p.recompute_mlp_phase[i], p.recompute_attn_phase[i], p.attn_grads
@@ -106,60 +119,50 @@ def transient_bytes(sh: Shapes, policy: str, mlp_chunks: int, offload: bool) -> 
     else:
         mlp_live, live_fixed = p.mlp_live[i].other, p.mlp_live[i].fixed
     residual = full_length_grad_elems(sh)
-    mlp_chunk = (re_mlp.other + mlp_live + p.mlp_grads.other / mlp_chunks) * e
+    mlp_chunk = (re_mlp.other + re_mlp.kv * copies + mlp_live + p.mlp_grads.other / mlp_chunks) * e
     mlp_chunk += re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
     # attn_grads holds dO, dq, the fp32 dq accumulator, dk, dv and (analytic) the residual gradient h, which
     # the full-length term already counts
-    attn_chunk = (re_attn.other + max(0.0, grads.other - p.hidden)) * e + re_attn.fixed + grads.fixed
-    attn_chunk += ring.backward_extra_bytes(sh)
+    attn_chunk = (re_attn.other + re_attn.kv * copies + max(0.0, grads.other - p.hidden) + grads.kv * copies) * e
+    attn_chunk += re_attn.fixed + grads.fixed + ring.backward_extra_bytes(sh)
     kv = kv_elems(sh)
-    recomputed_kv = max(re_mlp.kv, re_attn.kv) * copies  # K/V the policy recomputes (full: all of them)
     if offload:
         state = CHUNK_KV_BUFFERS * c * kv * (e + ACCUMULATOR_BYTES)
     else:
-        state = s * kv * ACCUMULATOR_BYTES + s * recomputed_kv * e
-    return s * residual * e + state + c * max(mlp_chunk, attn_chunk)
+        state = s * kv * ACCUMULATOR_BYTES
+    weight_grads = 4.0 * sh.layer_params if e < 4 else 0.0
+    return s * residual * e + state + c * max(mlp_chunk, attn_chunk) + weight_grads
 
 
 def kept_on_device(per_layer: float, L: int, N: int, offload: bool) -> float:
-    """Bytes of the layers' kept sets on the device: all L layers' (the chunks' saved tensors add up to the
-    unchunked ones), or with offload_chunks CHUNK_SAVED_BUFFERS chunks of one layer's."""
+    """Bytes of the layers' kept sets on the device: all L layers', or with offload_chunks CHUNK_SAVED_BUFFERS
+    chunks of one layer's."""
     if not offload:
         return L * per_layer
     return min(CHUNK_SAVED_BUFFERS, N) * per_layer / N
 
 
-def host_bytes(sh: Shapes, policy: str, per_layer: float) -> float:
-    """Pinned host bytes per GPU with offload_chunks: every layer's kept set (K/V included), the fp32 dK/dV
-    accumulators of the layer in its backward, and under ``full`` that layer's recomputed K/V (its other
-    recomputed tensors are used chunk by chunk and never leave the device)."""
-    kv = kv_elems(sh)
-    host = sh.L * per_layer + sh.s * kv * ACCUMULATOR_BYTES
-    if policy == "full":
-        host += sh.s * kv * sh.e
-    return host
+def host_bytes(sh: Shapes, per_layer: float) -> float:
+    """Pinned host bytes per GPU with offload_chunks: every layer's kept chunks and the fp32 dK/dV accumulators
+    of the layer in its backward."""
+    return sh.L * per_layer + sh.s * kv_elems(sh) * ACCUMULATOR_BYTES
 
 
-def offload_pass_bytes(sh: Shapes, policy: str, per_layer: float) -> tuple[float, float, float, float]:
+def offload_pass_bytes(sh: Shapes, per_layer: float) -> tuple[float, float, float, float]:
     """(forward H2D, forward D2H, backward H2D, backward D2H) bytes of one layer with offload_chunks.
 
-    Forward: the kept set goes down chunk by chunk (per_layer D2H); query chunk i reads K/V chunks j < i back
-    (its own is still on the device): N(N-1)/2 K/V chunks H2D. Backward (query chunks last to first): the kept
-    set comes back (per_layer H2D, one chunk ahead); query chunk i reads K/V chunks j <= i and their fp32 dK/dV
-    accumulators, adds its share and writes them back: N(N+1)/2 x (K/V + accumulator) H2D and
-    N(N+1)/2 accumulators D2H. Under ``full`` the backward first recomputes every chunk's K/V and sends it down
-    (s x 2k' x e D2H), and each chunk's recomputed forward reads K/V chunks j < i again (N(N-1)/2 H2D)."""
+    Forward: the kept chunks go down (per_layer D2H); query chunk i reads K/V chunks j < i back (its own is still
+    on the device): N(N-1)/2 K/V chunks H2D. Backward (query chunks last to first): the kept chunks but their K/V
+    come back one chunk ahead; query chunk i reads K/V chunks j <= i and their fp32 dK/dV accumulators, adds its
+    share and writes them back: N(N+1)/2 x (K/V + accumulator) H2D and N(N+1)/2 accumulators D2H."""
     N, c, e = sh.N, sh.c, sh.e
     kv_chunk = c * kv_elems(sh) * e
     acc_chunk = c * kv_elems(sh) * ACCUMULATOR_BYTES
     lower = N * (N - 1) / 2.0
     pairs = N * (N + 1) / 2.0
     fwd_h2d, fwd_d2h = lower * kv_chunk, per_layer
-    bwd_h2d = per_layer + pairs * (kv_chunk + acc_chunk)
+    bwd_h2d = max(0.0, per_layer - sh.s * kv_elems(sh) * e) + pairs * (kv_chunk + acc_chunk)
     bwd_d2h = pairs * acc_chunk
-    if policy == "full":
-        bwd_h2d += lower * kv_chunk
-        bwd_d2h += sh.s * kv_elems(sh) * e
     return fwd_h2d, fwd_d2h, bwd_h2d, bwd_d2h
 
 
@@ -174,14 +177,17 @@ def transfer_seconds(h2d: float, d2h: float, link: float, dram_per_gpu: float) -
     return max(h2d / link, d2h / link, (h2d + d2h) / dram_per_gpu)
 
 
-def offload_exposed(sh: Shapes, policy: str, per_layer: float, t_fwd_layer: float, t_bwd_layer: float,
-                    link: float, dram_per_gpu: float) -> tuple[float, float]:
+def offload_exposed(sh: Shapes, per_layer: float, t_fwd_layer: float, t_bwd_layer: float, link: float,
+                    dram_per_gpu: float, recomputed: bool = False) -> tuple[float, float]:
     """(copy seconds, exposed seconds) of one layer's forward and backward with offload_chunks.
 
     The copies run on a side stream one chunk ahead of the compute of the same pass, so a pass's copies hide
     behind its compute (``t_fwd_layer``; ``t_bwd_layer`` = backward + recompute) except where they outlast it;
-    the backward's first chunk of the kept set has nothing to hide behind."""
-    fwd_h2d, fwd_d2h, bwd_h2d, bwd_d2h = offload_pass_bytes(sh, policy, per_layer)
+    the backward's first chunk of the kept set has nothing to hide behind. ``recomputed`` (policy ``full``):
+    the chunked forward runs again inside the backward, its copies with it."""
+    fwd_h2d, fwd_d2h, bwd_h2d, bwd_d2h = offload_pass_bytes(sh, per_layer)
+    if recomputed:  # under full the chunked forward runs again in the backward, with its copies
+        bwd_h2d, bwd_d2h = bwd_h2d + fwd_h2d, bwd_d2h + fwd_d2h
     t_fwd = transfer_seconds(fwd_h2d, fwd_d2h, link, dram_per_gpu)
     t_bwd = transfer_seconds(bwd_h2d, bwd_d2h, link, dram_per_gpu)
     first = transfer_seconds(per_layer / sh.N, 0.0, link, dram_per_gpu)
