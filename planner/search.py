@@ -41,6 +41,7 @@ import warnings
 from dataclasses import asdict, replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
+from autosp.planner.space import chunk_overlap
 
 DEFAULT_TRIALS = 60
 MAX_TRIALS = 10_000
@@ -94,9 +95,10 @@ def warm_starts(space) -> list[dict]:
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
                 offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
                 offload_chunks=False)
-    # the leanest layers: sequence-chunked, with (or, when host memory binds, without) the chunks offloaded
-    chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True)
-    chunked_on_device = dict(chunked, offload_chunks=False)
+    # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
+    # layer in its backward offloaded; and chunked layers kept whole in host memory
+    chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
+    chunked_on_device = dict(chunked, checkpointing="none", offload_activations=False)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
@@ -206,6 +208,8 @@ def _single_moves(space, cand, stronger: bool) -> list:
     for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
         step(name, up=stronger)
     step("micro_batch", up=not stronger)
+    for move in moves:  # sequence chunks take kv_async where head_pipeline was
+        move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
     if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
         moves.append(dict(knobs, offload_chunks=stronger))
     if cand.checkpointing != "none" and cand.offload_activations != stronger:
@@ -290,6 +294,8 @@ def complete(space, cand, estimate):
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
+        for option in options:  # sequence chunks take kv_async where head_pipeline was
+            option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
         if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
             options.append(dict(base, offload_activations=True))
         if current.sequence_chunks > 1 and not current.offload_chunks:

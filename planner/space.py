@@ -25,9 +25,11 @@ Knobs and choices
 - ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
   no all-to-all).
 - ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
-  chunks (cost_models/chunks.py); ``offload_chunks``: the chunks' saved tensors and keys/values live in host
-  memory, only with ``sequence_chunks > 1``; it moves every saved tensor, so ``offload_activations`` is off
-  with it.
+  chunks (cost_models/chunks.py); ``offload_chunks``: the chunks' saved tensors and the dK/dV accumulators
+  live in host memory, only with ``sequence_chunks > 1``. A chunked layer is checkpointed like attention: kept
+  (its layer input, K/V and attention output) under ``none``, ``selective`` and ``sequence`` alike, so with chunks
+  those three are ``none``; recomputed under ``full`` (then only its input is kept, and activation offload moves
+  that). It needs one attention per layer, so no ``head_pipeline``.
 
 Validity rules (docs/design.md section 2)
 
@@ -47,8 +49,8 @@ Validity rules (docs/design.md section 2)
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
-``offload_activations=False`` without checkpointing or with ``offload_chunks``; ``offload_optimizer=False``
-at ZeRO stage 0; ``offload_chunks=False`` without sequence chunks), so
+``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
+``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
 
@@ -115,6 +117,23 @@ def tile_ok(chunks: int, tokens: int) -> bool:
 def sequence_chunks_ok(chunks: int, tokens: int) -> bool:
     """Whether ``chunks`` sequence chunks of ``tokens`` tokens each hold at least MIN_SEQUENCE_CHUNK_TOKENS."""
     return chunks == 1 or tokens // chunks >= MIN_SEQUENCE_CHUNK_TOKENS
+
+
+def chunks_reason(sequence_chunks: int, checkpointing: str, overlap: str) -> str | None:
+    """Why sequence chunks cannot go with this policy or overlap schedule, or None."""
+    if sequence_chunks == 1:
+        return None
+    if checkpointing in ("selective", "sequence"):
+        return (f"a sequence-chunked layer is kept whole (its input, K/V, attention output) by every policy but "
+                f"full; use checkpointing 'none' or 'full' with sequence_chunks > 1, not {checkpointing!r}")
+    if overlap == "head_pipeline":
+        return "sequence_chunks needs one attention per layer; head_pipeline splits it into head groups"
+    return None
+
+
+def chunk_overlap(overlap: str, sequence_chunks: int) -> str:
+    """The overlap schedule nearest to ``overlap`` that sequence chunks allow (head_pipeline -> kv_async)."""
+    return "kv_async" if sequence_chunks > 1 and overlap == "head_pipeline" else overlap
 
 
 def divisors(n: int) -> list[int]:
@@ -208,8 +227,9 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
         return reason
     if not zero3_loss_ok(model, cand.zero_stage, cand.loss_chunks):
         return "loss_chunks > 1 is not supported with zero_stage=3 for a model with tied embeddings"
-    if cand.offload_chunks and cand.offload_activations:
-        return "offload_activations is redundant with offload_chunks, which moves every saved tensor to host memory"
+    reason = chunks_reason(cand.sequence_chunks, cand.checkpointing, cand.overlap)
+    if reason:
+        return reason
     tokens = local_tokens(workload.seq_len, cand.sp, cand.ring)
     for name in ("mlp_chunks", "loss_chunks"):
         chunks = getattr(cand, name)
@@ -243,8 +263,8 @@ def canonical(cand: Candidate) -> Candidate:
         changes["offload_activations"] = False
     if cand.zero_stage == 0 and cand.offload_optimizer:
         changes["offload_optimizer"] = False
-    if cand.offload_chunks and cand.offload_activations:
-        changes["offload_activations"] = False
+    if cand.sequence_chunks > 1 and cand.checkpointing in ("selective", "sequence"):
+        changes.update(checkpointing="none", offload_activations=False)
     return replace(cand, **changes) if changes else cand
 
 
@@ -262,9 +282,11 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
     if global_batch is not None and global_batch % (dp * micro_batch) == 0:
         grad_accum = global_batch // (dp * micro_batch)
     offload_chunks = offload_chunks and sequence_chunks > 1
+    if sequence_chunks > 1 and checkpointing != "full":  # chunked layers are kept like attention by all three
+        checkpointing = "none"
     return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                      checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
-                     offload_activations=offload_activations and checkpointing != "none" and not offload_chunks,
+                     offload_activations=offload_activations and checkpointing != "none",
                      overlap=overlap if sp > ring else "none",
                      offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
                      sequence_chunks=sequence_chunks, offload_chunks=offload_chunks)
@@ -326,6 +348,7 @@ class SearchSpace:
                     knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
         if not zero3_loss_ok(self.model, knobs["zero_stage"], knobs["loss_chunks"]):
             knobs = dict(knobs, loss_chunks=1)
+        knobs["overlap"] = chunk_overlap(knobs["overlap"], knobs.get("sequence_chunks", 1))
         return self.make(**knobs)
 
     def min_seq_len(self, cand: Candidate) -> int:
@@ -391,10 +414,12 @@ class SearchSpace:
                     per["zero_stage"], per["offload_optimizer"], per["micro_batch"], per["checkpointing"],
                     per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"], per["offload_chunks"],
                     per["offload_activations"], per["overlap"]):
-                if offload and (ckpt == "none" or seq_off):
-                    continue  # canonical: offload needs checkpointed tensors; chunk offload moves them already
+                if offload and ckpt == "none":
+                    continue  # canonical: offload needs checkpointed tensors
                 if seq_off and seq == 1:
                     continue  # canonical: chunk offload needs sequence chunks
+                if chunks_reason(seq, ckpt, overlap):
+                    continue
                 if optim and zero == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
                 if not zero3_loss_ok(self.model, zero, loss):
@@ -411,17 +436,18 @@ class SearchSpace:
             if per is None:
                 continue
             acts, optims, seq_offs = per["offload_activations"], per["offload_optimizer"], per["offload_chunks"]
+            # (checkpointing, activation offload, sequence chunks, chunk offload, overlap) combinations
             n_ckpt_offload = 0
             for seq in per["sequence_chunks"]:
                 for seq_off in seq_offs:
                     if seq_off and seq == 1:
                         continue
-                    n_ckpt_offload += sum((False in acts) + (c != "none" and not seq_off and True in acts)
-                                          for c in per["checkpointing"])
+                    for c in per["checkpointing"]:
+                        n_acts = (False in acts) + (c != "none" and True in acts)
+                        n_ckpt_offload += n_acts * sum(not chunks_reason(seq, c, o) for o in per["overlap"])
             n_zero_loss_optim = sum(((False in optims) + (z >= 1 and True in optims))
                                     * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
-            total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
-                      * len(per["overlap"]))
+            total += n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
         return total
 
     def neighbours(self, cand: Candidate):
@@ -453,6 +479,8 @@ class SearchSpace:
                         continue
                     overlaps = choices["overlap"] if base["sp"] > value else ("none",)
                     variants = [{"ring": value, "overlap": o} for o in overlaps]
+                elif name == "sequence_chunks":  # head_pipeline gives way to kv_async with chunks
+                    variants = [{name: value, "overlap": chunk_overlap(base["overlap"], value)}]
                 for change in variants:
                     other = self.make(**{**base, **change})
                     if other not in seen and not self.reason(other):

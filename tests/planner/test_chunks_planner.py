@@ -17,6 +17,7 @@ from autosp.planner.space import (MIN_SEQUENCE_CHUNK_TOKENS, SEQUENCE_CHUNKS, bu
 
 LLAMA = resolve_model("llama-3.1-8b")
 H100X8 = resolve_hardware("h100x8")
+H100 = resolve_hardware("h100")
 
 
 def test_both_knobs_are_searched_at_long_contexts_and_only_there():
@@ -42,7 +43,9 @@ def test_the_enumeration_is_canonical():
     assert {c.sequence_chunks for c in cands} == set(SEQUENCE_CHUNKS)
     assert any(c.offload_chunks for c in cands)
     assert not any(c.offload_chunks and c.sequence_chunks == 1 for c in cands)
-    assert not any(c.offload_chunks and c.offload_activations for c in cands)
+    assert all(c.checkpointing in ("none", "full") and c.overlap != "head_pipeline"
+               for c in cands if c.sequence_chunks > 1)
+    assert any(c.checkpointing == "full" and c.offload_activations and c.offload_chunks for c in cands)
     assert all(canonical(c) == c for c in cands)
 
 
@@ -50,49 +53,55 @@ def test_invalid_combinations_are_refused_with_one_line():
     wl = Workload(seq_len=1_048_576)
     with pytest.raises(ValueError, match="offload_chunks moves the chunks of sequence-chunked layers"):
         Candidate(sp=8, offload_chunks=True)
-    both = Candidate(sp=8, zero_stage=3, checkpointing="full", offload_activations=True, sequence_chunks=4,
-                     offload_chunks=True)
-    assert "redundant with offload_chunks" in invalid_reason(LLAMA, H100X8, wl, both)
+    policy = Candidate(sp=8, zero_stage=3, checkpointing="sequence", sequence_chunks=4, offload_chunks=True)
+    assert "use checkpointing 'none' or 'full'" in invalid_reason(LLAMA, H100X8, wl, policy)
+    assert invalid_reason(LLAMA, H100X8, wl, replace(policy, checkpointing="full", offload_activations=True)) is None
+    heads = Candidate(sp=8, zero_stage=3, sequence_chunks=4, overlap="head_pipeline")
+    assert "one attention per layer" in invalid_reason(LLAMA, H100X8, wl, heads)
     tiny = Candidate(sp=8, zero_stage=3, sequence_chunks=64)   # 131k tokens per rank / 64 = 2k < 8k
     reason = invalid_reason(LLAMA, H100X8, wl, tiny)
     assert "sequence_chunks=64" in reason and "\n" not in reason
-    # make_candidate turns a meaningless offload_chunks off instead of raising, and drops activation offload
-    # when the chunks carry every saved tensor
+    # make_candidate turns a meaningless offload_chunks off instead of raising; with chunks selective and
+    # sequence mean none (the chunked layer is kept whole), full stays
     c = make_candidate(8, None, sp=8, zero_stage=3, micro_batch=1, checkpointing="full", mlp_chunks=1,
                        loss_chunks=1, offload_activations=True, overlap="none", sequence_chunks=1, offload_chunks=True)
     assert (c.offload_chunks, c.offload_activations) == (False, True)
+    c = make_candidate(8, None, sp=8, zero_stage=3, micro_batch=1, checkpointing="sequence", mlp_chunks=1,
+                       loss_chunks=1, offload_activations=True, overlap="none", sequence_chunks=4, offload_chunks=True)
+    assert (c.offload_chunks, c.offload_activations, c.checkpointing) == (True, False, "none")
     c = make_candidate(8, None, sp=8, zero_stage=3, micro_batch=1, checkpointing="full", mlp_chunks=1,
                        loss_chunks=1, offload_activations=True, overlap="none", sequence_chunks=4, offload_chunks=True)
-    assert (c.offload_chunks, c.offload_activations) == (True, False)
+    assert (c.offload_chunks, c.offload_activations, c.checkpointing) == (True, True, "full")
 
 
 def test_max_ctx_grows_with_the_chunk_knobs(max_ctx_plan):
-    """The chosen plan's longest context against the same plan without chunks (activation offload back on)
-    and with chunks but without their offload: each knob adds context."""
-    space = build_space(LLAMA, H100X8, Workload(seq_len=1_000_000))
+    """One H100: the chosen plan's longest context against the same plan without chunks (the ALST recipe's
+    full checkpointing with activation offload, its MLP tiling) and with chunks but without their offload."""
+    space = build_space(LLAMA, H100, Workload(seq_len=100_000))
     evaluator = Evaluator(space)
     best = max_ctx_plan.candidate
-    chunked = evaluator.max_context(replace(best, offload_chunks=False, offload_activations=True))
-    plain = evaluator.max_context(replace(best, sequence_chunks=1, offload_chunks=False, offload_activations=True))
+    on_device = evaluator.max_context(replace(best, offload_chunks=False))
+    plain = evaluator.max_context(replace(best, sequence_chunks=1, offload_chunks=False, checkpointing="full",
+                                          offload_activations=True, mlp_chunks=16))
     assert evaluator.max_context(best) == max_ctx_plan.workload.seq_len
-    assert plain < chunked and plain < max_ctx_plan.workload.seq_len
-    assert max_ctx_plan.workload.seq_len > 1.2 * plain
+    assert on_device < max_ctx_plan.workload.seq_len and plain < max_ctx_plan.workload.seq_len
+    assert max_ctx_plan.workload.seq_len > 2 * plain
 
 
 @pytest.fixture(scope="module")
 def max_ctx_plan():
-    return make_plan("llama-3.1-8b", None, "h100x8", objective="max-ctx", cache=False)
+    return make_plan("llama-3.1-8b", None, "h100", objective="max-ctx", cache=False)
 
 
 def test_max_ctx_plan_uses_chunks_and_reports_them(max_ctx_plan):
     plan = max_ctx_plan
     c = plan.candidate
     assert c.sequence_chunks > 1
-    assert plan.workload.seq_len > 4_886_528          # the longest context before sequence chunks existed
+    assert plan.workload.seq_len > 604_160            # the longest context before sequence chunks existed
     text = render(plan)
     assert f"{c.sequence_chunks} per layer" in text and "sequence chunks" in text
     assert "host memory" in text and plan.estimate.host_bytes > 0
     section = deepspeed_config(plan)["autosp"]
     assert section["sequence_chunks"] == c.sequence_chunks and section["offload_chunks"] == c.offload_chunks
-    # the node's host memory bounds the plan (80% usable, shared by 8 GPUs)
-    assert plan.estimate.host_bytes * 8 <= 0.8 * plan.hardware.host_memory_bytes
+    # the node's host memory bounds the plan (80% usable)
+    assert plan.estimate.host_bytes <= 0.8 * plan.hardware.host_memory_bytes
