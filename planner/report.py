@@ -119,7 +119,10 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("MLP tiling", f"{c.mlp_chunks} chunk{'s' if c.mlp_chunks != 1 else ''}"),
         ("logits+loss tiling", f"{c.loss_chunks} chunk{'s' if c.loss_chunks != 1 else ''}"),
         ("activation offload", "on (checkpointed tensors to host memory)" if c.offload_activations else "off"),
-        ("sequence chunks", f"{c.sequence_chunks} per layer" if c.sequence_chunks > 1 else "off (1)"),
+        ("sequence chunks", (f"{c.sequence_chunks} per layer ("
+                             + ("only their inputs kept, each layer re-run in its backward)" if c.checkpointing == "full"
+                                else "kept whole: input, K/V and attention output per chunk)"))
+         if c.sequence_chunks > 1 else "off (1)"),
         ("chunk offload", "on (chunks' saved tensors and keys/values in pinned host memory)"
          if c.offload_chunks else "off"),
         ("all-to-all overlap", c.overlap),
