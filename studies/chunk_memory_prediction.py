@@ -2,7 +2,9 @@
 sequence-chunked layer stack at a fixed chunk size, for rows a measurement (the compiler's saved-tensor
 harness) fills in.
 
-    .venv/bin/python -m studies.chunk_memory_prediction       # prints the predicted grid
+    .venv/bin/python -m studies.chunk_memory_prediction             # prints the predicted grid
+    .venv/bin/python -m studies.chunk_memory_prediction --measure   # measured rows (studies/chunk_memory.py) next
+                                                                     # to the prediction; ~3 min on 2 cores
 
 :func:`predict` is what a measuring script calls per row. It returns, per rank, in bytes:
 
@@ -86,7 +88,20 @@ def table(seqs=(1024, 2048, 4096), chunk: int = 64) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--measure" in argv:  # measured (studies/chunk_memory.py, ~3 min on 2 cores) next to predicted
+        from pathlib import Path
+
+        text = ("chunked-layer memory, measured (studies/chunk_memory.py: SP=2, ZeRO-1, fp32, loss/4, 64 tokens per "
+                "rank-chunk, worse rank) next to the cost model's prediction, MiB\n\n" + table() + "\n")
+        print(text)
+        out = Path(__file__).resolve().parent / "results" / "chunk_memory_vs_model.txt"
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+        return 0
     print(f"{TABLE_MODEL.name}, fp32, checkpointing none (chunked layers kept whole), sp=1, chunks of 1024 tokens "
           f"(predicted, MiB; unchunked: the same policy)")
     print(f"{'seq':>7} {'N':>3} | {'unchunked':>10} | {'chunked':>9} | {'offloaded: device':>17} {'host':>8}")
