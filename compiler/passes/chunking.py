@@ -65,31 +65,54 @@ def _sized(node: fx.Node) -> bool:
             or (node.op == "call_function" and node.target in _SIZED_FUNCTIONS))
 
 
-def _flat_args(node: fx.Node) -> list:
-    out = []
-
-    def walk(a):
-        if isinstance(a, (tuple, list)):
-            for b in a:
-                walk(b)
-        elif isinstance(a, int) and not isinstance(a, bool):
-            out.append(a)
-
-    walk(node.args)
-    walk(tuple(v for k, v in node.kwargs.items() if k in ("size", "shape")))
-    return out
+def _sizes(args: tuple) -> tuple[int, list]:
+    """(index in ``args`` where the sizes start, the sizes): ``f(x, (a, b))``, ``f(x, a, b)``, ``f((a, b), fill)``."""
+    for index, a in enumerate(args):
+        if isinstance(a, (tuple, list, torch.Size)):
+            return index, list(a)
+        if isinstance(a, int) and not isinstance(a, bool):
+            return index, [b for b in args[index:] if isinstance(b, int) and not isinstance(b, bool)]
+    return len(args), []
 
 
-def _resize(value, old: int, new: int):
-    if isinstance(value, tuple):
-        return tuple(_resize(v, old, new) for v in value)
-    if isinstance(value, list):
-        return [_resize(v, old, new) for v in value]
-    if isinstance(value, dict):
-        return {k: (_resize(v, old, new) if k in ("size", "shape") else v) for k, v in value.items()}
-    if isinstance(value, int) and not isinstance(value, bool) and value == old:
-        return new
-    return value
+def _seq_positions(node: fx.Node, s: int) -> list[int] | None:
+    """Which of ``node``'s size arguments are the sequence length (None: cannot tell). One argument equal to s
+    is it; with several (a model dimension equal to s), the one whose output dim is the input's sequence dim
+    (same product of the dims before it, the input's sequence dim being its dim -2, where chunked inputs have
+    theirs)."""
+    _, sizes = _sizes(node.args)
+    found = [k for k, a in enumerate(sizes) if a == s]
+    if len(found) <= 1:
+        return found
+    source = example(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
+    out = example(node)
+    if source is None or out is None or source.dim() < 2 or source.shape[-2] != s or len(sizes) != out.dim():
+        return None
+    prefix = 1
+    for d in source.shape[:-2]:
+        prefix *= d
+    match = [k for k in found if _prod(out.shape[:k]) == prefix]
+    return match if len(match) == 1 else None
+
+
+def _prod(dims) -> int:
+    total = 1
+    for d in dims:
+        total *= d
+    return total
+
+
+def _resize(node: fx.Node, positions: list[int], new: int) -> None:
+    """Put ``new`` in place of the size arguments at ``positions``."""
+    start, sizes = _sizes(node.args)
+    for k in positions:
+        sizes[k] = new
+    args = list(node.args)
+    if start < len(args) and isinstance(args[start], (tuple, list, torch.Size)):
+        args[start] = type(args[start])(sizes) if not isinstance(args[start], torch.Size) else tuple(sizes)
+    else:
+        args[start:start + len(sizes)] = sizes
+    node.args = tuple(args)
 
 
 def _attention_args(node: fx.Node):
@@ -152,11 +175,16 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
             outputs.append(node)
             out_specs.append((tuple(value.shape), value.dtype, value.dim() - 2))
 
+    positions = {}
     for node in region:
-        if _sized(node) and sum(1 for a in _flat_args(node) if a == s) > 1:
-            fail(f"sequence_chunks: {node.format_node()} has more than one size equal to the local length {s}, so the "
-                 f"chunk length cannot be put in its place; pad the sequence to another length (pad_to_multiple_of) "
-                 f"or re-plan with sequence_chunks=1", node)
+        if _sized(node):
+            if any(key in node.kwargs for key in ("size", "shape")):
+                fail("sequence_chunks: sizes given as keywords are not supported; re-plan with sequence_chunks=1", node)
+            positions[node] = _seq_positions(node, s)
+            if positions[node] is None:
+                fail(f"sequence_chunks: {node.format_node()} has several sizes equal to the local length {s} and "
+                     f"which one is the sequence cannot be told; pad the sequence to another length "
+                     f"(pad_to_multiple_of) or re-plan with sequence_chunks=1", node)
 
     def program_for(length: int) -> fx.GraphModule:
         """The region over a chunk of ``length`` tokens: every size argument equal to s becomes ``length``."""
@@ -169,9 +197,8 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
                 env[node] = sub.call_function(attend, (env[q], env[k], env[v]))
                 continue
             copy = sub.node_copy(node, lambda n: env[n])
-            if _sized(node) and length != s:
-                copy.args = _resize(copy.args, s, length)
-                copy.kwargs = _resize(copy.kwargs, s, length)
+            if positions.get(node) and length != s:
+                _resize(copy, positions[node], length)
             env[node] = copy
         sub.output(tuple(env[n] for n in outputs))
         return fx.GraphModule(gm, sub)
