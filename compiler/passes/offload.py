@@ -173,6 +173,21 @@ def _set_val(node: fx.Node, val: torch.Tensor) -> None:
     node.meta["tensor_meta"] = extract_tensor_metadata(val)
 
 
+def _offloaded_by_chunked_layer(node: fx.Node) -> bool:
+    """An output of ``autosp_ops::chunked_layer`` that the op itself kept in host memory (``offload_chunks``)."""
+    import operator
+
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    parent = node.args[0]
+    if not isinstance(parent, fx.Node) or getattr(parent.target, "_opname", None) != "chunked_layer":
+        return False
+    from autosp.compiler.chunked_layer import PROGRAMS
+
+    program = PROGRAMS.get(parent.args[-1])
+    return program is not None and program.offload and node.args[1] >= len(program.outputs)
+
+
 def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, n_layers: int,
                               static_names: set = frozenset()) -> int:
     """Rewrite ``fw``/``bw`` (see the module docstring); return the bytes offloaded per forward."""
@@ -195,6 +210,8 @@ def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_ou
         val = node.meta["val"]
         if not val.is_floating_point():
             continue
+        if _offloaded_by_chunked_layer(node):
+            continue  # sequence-chunked layer with offload_chunks: already a host copy
         owner = owner_layer(node, shapes)
         if owner is None or owner >= n_layers:
             continue  # outside the layers (embedding side, final norm, head, loss): stays on the device
