@@ -41,8 +41,10 @@ the forward all-to-alls / ring passes of k, v, q and out again) and the attentio
 saved chunks; with ``offload_chunks`` every saved chunk (x_i, k_i, v_i, out_i, lse_i) and the backward's
 dK/dV accumulators live in host memory (:mod:`autosp.compiler.passes.offload`'s copy ops: pinned buffers and
 a side stream on CUDA), the key/value chunk j + 1 is prefetched while chunk j is attended, so the device holds
-O(chunk) per layer. On a CPU device the copies are real copies into separate tensors, registered as host
-copies (:func:`~autosp.compiler.passes.offload.is_host_copy`), which is how a measurement tells them apart.
+O(chunk) per layer. On a CPU device the copies are real copies into separate buffers allocated by numpy
+(outside torch's CPU allocator, so the allocation profiler that measures the device peak does not see them),
+registered as host copies (:func:`~autosp.compiler.passes.offload.is_host_copy`: the saved-tensor hooks count
+them as host bytes); reloading makes a torch-allocated copy, which is device memory.
 """
 
 from __future__ import annotations
@@ -112,10 +114,30 @@ def register(program: LayerProgram) -> int:
 
 
 # --- where the chunk's saved tensors live ----------------------------------------------------------------
+def _host_copy_on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """A real copy of ``t`` in memory outside torch's CPU allocator (numpy's), registered as a host copy: on a
+    CPU device this is what "host memory" means, and the allocation profiler that measures a step's device
+    peak (studies/measure/memory.py) does not see it, so a measurement counts host copies apart."""
+    import numpy as np
+
+    dtype = t.dtype
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: store the bits
+        out = torch.from_numpy(np.empty(tuple(t.shape), dtype=np.int16)).view(torch.bfloat16)
+    else:
+        out = torch.from_numpy(np.empty(tuple(t.shape), dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+    out.copy_(t)
+    host._HOST_COPIES[out.untyped_storage().data_ptr()] = out
+    host.OFFLOADED["bytes"] += out.numel() * out.element_size()
+    host.OFFLOADED["calls"] += 1
+    return out
+
+
 def _keep(t: torch.Tensor, offload: bool) -> torch.Tensor:
     """What is saved of ``t``: a host copy (``offload``), else ``t`` itself (a fresh tensor, never a view, so
     the op's outputs do not alias)."""
-    if offload:
+    if offload and t.device.type == "cpu":
+        return _host_copy_on_cpu(t)
+    if offload:  # CUDA: pinned buffer, copied on the side stream (passes/offload.py)
         return torch.ops.autosp_ops.offload_wait(torch.ops.autosp_ops.offload(t), t)
     t = t.contiguous()
     return t.clone() if t._base is not None else t

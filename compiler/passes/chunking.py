@@ -78,19 +78,22 @@ def _sizes(args: tuple) -> tuple[int, list]:
 def _seq_positions(node: fx.Node, s: int) -> list[int] | None:
     """Which of ``node``'s size arguments are the sequence length (None: cannot tell). One argument equal to s
     is it; with several (a model dimension equal to s), the one whose output dim is the input's sequence dim
-    (same product of the dims before it, the input's sequence dim being its dim -2, where chunked inputs have
-    theirs)."""
+    (same product of the dims before it; the input's sequence dim is its one dim of size s, or with several
+    its dim -2, where chunked inputs have theirs)."""
     _, sizes = _sizes(node.args)
     found = [k for k, a in enumerate(sizes) if a == s]
     if len(found) <= 1:
         return found
     source = example(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
     out = example(node)
-    if source is None or out is None or source.dim() < 2 or source.shape[-2] != s or len(sizes) != out.dim():
+    if source is None or out is None or len(sizes) != out.dim():
         return None
-    prefix = 1
-    for d in source.shape[:-2]:
-        prefix *= d
+    dims = [d for d, n in enumerate(source.shape) if n == s]
+    if len(dims) != 1:
+        dims = [source.dim() - 2] if source.dim() >= 2 and source.shape[-2] == s else []
+    if not dims:
+        return None
+    prefix = _prod(source.shape[:dims[0]])
     match = [k for k in found if _prod(out.shape[:k]) == prefix]
     return match if len(match) == 1 else None
 
