@@ -110,6 +110,8 @@ class LayerProgram:
 def register(program: LayerProgram) -> int:
     key = next(_KEYS)
     PROGRAMS[key] = program
+    if program.offload:
+        host.HOST_KEPT_OUTPUTS[key] = len(program.outputs)
     return key
 
 

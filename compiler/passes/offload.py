@@ -49,6 +49,9 @@ OFFLOADED: collections.Counter = collections.Counter()
 """Bytes moved by ``offload`` (key ``"bytes"``) and ``reload`` (key ``"reload_bytes"``), calls (``"calls"``)."""
 
 _HOST_COPIES: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+HOST_KEPT_OUTPUTS: dict = {}
+"""``autosp_ops::chunked_layer`` programs with ``offload_chunks``: key -> index of the op's first output that the
+op itself keeps in host memory (filled by :func:`autosp.compiler.chunked_layer.register`)."""
 _PENDING: dict = {}          # data_ptr of an offload/reload output -> (CUDA event of its copy, device)
 _STREAMS: dict = {}          # device -> side stream for the copies
 
@@ -182,10 +185,8 @@ def _offloaded_by_chunked_layer(node: fx.Node) -> bool:
     parent = node.args[0]
     if not isinstance(parent, fx.Node) or getattr(parent.target, "_opname", None) != "chunked_layer":
         return False
-    from autosp.compiler.chunked_layer import PROGRAMS
-
-    program = PROGRAMS.get(parent.args[-1])
-    return program is not None and program.offload and node.args[1] >= len(program.outputs)
+    first = HOST_KEPT_OUTPUTS.get(parent.args[-1])
+    return first is not None and node.args[1] >= first
 
 
 def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, n_layers: int,

@@ -267,3 +267,24 @@ def test_head_pipeline_with_chunks_is_refused():
 
     with pytest.raises(UsageError, match="head_pipeline"):
         resolve_candidate(Candidate(sp=2, sequence_chunks=2, overlap="head_pipeline"))
+
+
+# --- autosp-train and the measured-trials runner (--measure) on a chunked plan ------------------------------
+@pytest.mark.slow
+def test_autosp_train_and_measure_run_a_chunked_plan(tmp_path):
+    import json
+
+    from test_compiler_train_cli import write_plan
+
+    from autosp.planner.measure import MeasureOptions, run_one
+    from autosp.planner.plan import load_plan
+
+    candidate = Candidate(sp=2, zero_stage=1, sequence_chunks=3, offload_chunks=True)
+    plan = load_plan(write_plan(tmp_path / "chunks.json", candidate, seq_len=47))
+    row = run_one(plan, MeasureOptions(k=1, steps=2, warmup=1, backend="aot_eager"), str(tmp_path), 0)
+    assert row["status"] == "ok", row
+    assert row["steps_measured"] == 2 and row["tokens_per_second"] > 0
+    out = (tmp_path / "candidate0.out").read_text()
+    assert "seq/3" in out, out  # autosp-train ran the plan's chunks
+    steps = [json.loads(line) for line in (tmp_path / "candidate0.steps.jsonl").read_text().splitlines()]
+    assert abs(steps[0]["loss"] - 4.57) < 0.1  # ~ln(97) for a fresh model
