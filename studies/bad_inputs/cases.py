@@ -270,7 +270,7 @@ CASES: list[Case] = [
     _c(TRAIN, "--plan @plan.json", 2, "", item=8, env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
                                                       "LOCAL_WORLD_SIZE": "2"},
        note="rank 1 says nothing: rank 0 prints the one line"),
-    _c(TRAIN, "--plan @plan-seqchunks.json --nproc-per-node 8", 2, "cannot compile sequence_chunks=2"),
+    _c(TRAIN, "--plan @plan-seqchunks.json --nproc-per-node 8", 2, "overlap=head_pipeline splits each layer"),
     _c(TRAIN, "--plan @plan.json --sp 4", 2, "contradicts the plan"),
     _c(TRAIN, "--plan @plan.json", 2, "not an integer", env={"RANK": "0", "WORLD_SIZE": "abc"}),
     _c(TRAIN, "--plan @plan.json", 2, "not an integer", env={"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "x"}),

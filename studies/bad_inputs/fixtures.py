@@ -149,8 +149,9 @@ fixture("plan-peak0.json", "plan.json whose hardware has peak_flops 0")(
 fixture("plan-extra.json", "plan.json with an unknown top-level field")(_edited_plan(lambda p: p.update(colour="red")))
 fixture("plan-unknown-cand.json", "plan.json with an unknown candidate field")(
     _edited_plan(lambda p: p["candidate"].update(turbo=True)))
-fixture("plan-seqchunks.json", "plan.json with sequence_chunks = 2 (a knob this compiler cannot build yet)")(
-    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=2)))
+fixture("plan-seqchunks.json", "plan.json with sequence_chunks = 2 and overlap head_pipeline (chunked layers need "
+                               "one attention per layer)")(
+    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=2, overlap="head_pipeline")))
 fixture("plan-objective.json", "plan.json with objective \"fastest\"")(
     _edited_plan(lambda p: p.update(objective="fastest")))
 fixture("plan-graph.json", "plan.json recorded as priced by a graph profile")(
