@@ -70,7 +70,7 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
     """Knobs the plan schema carries that this compiler cannot build yet: refuse rather than ignore them
     (a knob the compiler ignores makes the planner lie)."""
     unbuilt = [f"{name}={getattr(candidate, name)}" for name, off in
-               (("sequence_chunks", 1), ("offload_chunks", False), ("offload_param", False))
+               (("offload_param", False),)
                if getattr(candidate, name) != off]
     if unbuilt:
         raise UsageError(f"this autosp cannot compile {', '.join(unbuilt)} yet; re-plan without it")
@@ -78,6 +78,9 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
 
 def _refuse_impossible_combinations(candidate: Candidate) -> None:
     """Knob combinations that mean nothing in the compiled graph (the planner must not emit them)."""
+    if candidate.sequence_chunks > 1 and candidate.overlap == "head_pipeline":
+        raise UsageError("overlap=head_pipeline splits each layer's attention into head groups, and sequence_chunks "
+                         "needs one attention per layer; use overlap=none or kv_async with sequence_chunks > 1")
     if candidate.overlap != "none" and candidate.ring > 1 and candidate.ulysses == 1:
         raise UsageError(f"overlap={candidate.overlap} overlaps the Ulysses all-to-alls, and ring={candidate.ring} = "
                          f"sp leaves none (ring attention always overlaps its own transfers); use overlap=none")
@@ -241,6 +244,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                     ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
                     ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
+    ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.

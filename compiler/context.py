@@ -25,6 +25,7 @@ class PassStats:
     mlps_tiled: int = 0
     losses_tiled: int = 0
     attention_overlapped: int = 0
+    layers_chunked: int = 0
     notes: list = field(default_factory=list)
     partitions: list = field(default_factory=list)  # checkpointing.PartitionReport of every partitioned graph
 
@@ -49,6 +50,8 @@ class SPContext:
     ring_size: int = 1            # 2-D SP: ring attention over ring_size ranks, all-to-alls over sp_size // ring_size
     ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring_size == sp_size)
     ring_group: str | None = None     # group of ring attention (ring_size > 1)
+    sequence_chunks: int = 1      # sequence-chunked decoder layers (passes/chunking.py, chunked_layer.py)
+    offload_chunks: bool = False  # their saved chunks in host memory
     stats: PassStats = field(default_factory=PassStats)
 
     def __post_init__(self):
@@ -62,12 +65,14 @@ class SPContext:
     @property
     def spans(self) -> list:
         """The global token spans this rank holds, in the order of its rows (:mod:`.attention.layout`: one
-        contiguous chunk without a ring, zigzag chunks with one)."""
-        if self.ring_size == 1:
+        contiguous chunk without a ring, zigzag chunks with one; with sequence-chunked layers the rank's share of
+        every global chunk)."""
+        if self.ring_size == 1 and self.sequence_chunks == 1:
             return [(self.sp_rank * self.local_len, (self.sp_rank + 1) * self.local_len)]
-        from autosp.compiler.attention.layout import rank_spans
+        from autosp.compiler.attention.layout import chunked_rank_spans
 
-        return rank_spans(self.global_len, self.ulysses_size, self.ring_size, self.sp_rank)
+        return chunked_rank_spans(self.global_len, self.ulysses_size, self.ring_size, self.sequence_chunks,
+                                  self.sp_rank)
 
     @property
     def ring_ranges(self) -> list[int]:

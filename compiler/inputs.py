@@ -13,8 +13,10 @@ Every rank receives the full batch. :func:`shard_batch` turns it into this rank'
 5. take this SP rank's tokens of input ids, shifted labels and position ids: the contiguous chunk
    ``[r*s, (r+1)*s)`` (Ulysses), or with a ring its zigzag share (:mod:`autosp.compiler.attention.layout`:
    ring position r holds chunks r and 2R-1-r of 2R, split over its U Ulysses ranks), labels and positions
-   permuted with the tokens. Every returned tensor is a fresh, contiguous tensor (Dynamo would merge an
-   input passed twice, e.g. ``labels is input_ids``).
+   permuted with the tokens; with sequence-chunked layers (``chunks`` > 1) the same within each of the
+   ``chunks`` global chunks (:func:`~autosp.compiler.attention.layout.chunked_rank_spans`). Every returned
+   tensor is a fresh, contiguous tensor (Dynamo would merge an input passed twice, e.g. ``labels is
+   input_ids``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autosp.compiler.attention.layout import pad_multiple, rank_spans, span_index
+from autosp.compiler.attention.layout import chunked_pad_multiple, chunked_rank_spans, span_index
 from autosp.errors import UsageError
 
 
@@ -77,7 +79,7 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 ignore_index: int = -100, pad_token_id: int = 0, pad_to_multiple_of: int = 1,
                 micro_batch: int | None = None, make_position_ids: bool = False,
-                device: torch.device | str | None = None, ring: int = 1) -> LocalBatch:
+                device: torch.device | str | None = None, ring: int = 1, chunks: int = 1) -> LocalBatch:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise UsageError("input_ids must be a [batch, seq] tensor")
     if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
@@ -104,9 +106,11 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
 
     if ring < 1 or sp % ring:
         raise UsageError(f"ring={ring} must divide sp={sp}")
-    shard_multiple = pad_multiple(sp // ring, ring)
+    shard_multiple = chunked_pad_multiple(sp // ring, ring, chunks)
     multiple = shard_multiple * pad_to_multiple_of // math.gcd(shard_multiple, pad_to_multiple_of)
     total = -(-seq // multiple) * multiple
+    if total < sp * chunks:  # every rank needs at least one token per chunk
+        total = -(-(sp * chunks) // multiple) * multiple
     extra = total - seq
     if extra:
         ids = torch.cat([ids, ids.new_full((ids.shape[0], extra), pad_token_id)], dim=1)
@@ -115,7 +119,7 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
             pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, extra + 1, device=pos.device)], dim=1)
 
     local = total // sp
-    spans = rank_spans(total, sp // ring, ring, sp_rank)
+    spans = chunked_rank_spans(total, sp // ring, ring, chunks, sp_rank)
     if len(spans) == 1:
         chunk = slice(*spans[0])
     else:

@@ -191,7 +191,8 @@ class SPEngine:
                            dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
                            ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
                            pad_to_multiple_of=self.pad_to_multiple_of, micro_batch=self.candidate.micro_batch,
-                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring)
+                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring,
+                           chunks=self.ctx.sequence_chunks)
 
     def __call__(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
         if input_ids is None or labels is None:

@@ -60,7 +60,8 @@ def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, flo
     The all-to-alls run over the U Ulysses ranks (U = P without a ring; none for a pure ring).
     Buffers: q and out carry s x q elements; k and v carry s x k_eff (KV heads replicated U / n_kv
     times when U > n_kv, so every rank receives the KV head its query heads need). The backward runs
-    the same four on the gradients; full recompute repeats the forward four.
+    the same four on the gradients; full recompute repeats the forward four. With N sequence chunks
+    each runs N times on 1/N of the tokens: the same bytes, N latencies.
     """
     P = sh.U
     if P <= 1:
@@ -69,6 +70,7 @@ def ulysses_layer_times(hw: HardwareSpec, sh: Shapes) -> tuple[float, float, flo
     eff = hw.comm_efficiency
     local = min(P, hw.devices_per_node)
     latency = hw.inter_node_latency if P > hw.devices_per_node else hw.intra_node_latency
+    latency *= sh.N  # sequence-chunked layers run each all-to-all once per chunk, 1/N of the bytes each
     unit = sh.s * sh.e / P
     intra_bw, inter_bw = hw.intra_node_bandwidth * eff, hw.inter_node_bandwidth * eff
     times = []

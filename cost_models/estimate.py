@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import flops, ring
-from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown
+from autosp.cost_models import chunks, flops, ring
+from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown, optimizer_host_bytes
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
@@ -35,7 +35,7 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
     model's costs; None = the analytic profile of ``model``)."""
     _check(hw, cand)
     sh = Shapes(model, workload, cand, profile)
-    memory, (_kept, _transient, per_layer, _host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
+    memory, (_kept, _transient, per_layer, host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
     n_params = sh.n_params
     time, ring_p2p, ring_exposed = step_time_parts(hw, cand, sh, n_params, per_layer)
     tokens = workload.seq_len * cand.micro_batch * cand.grad_accum * cand.dp
@@ -45,8 +45,27 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
     peak_all = hw.accelerator.peak_flops * cand.world_size
     mfu = model_flops_step / (step * peak_all) if 0 < step < math.inf and peak_all > 0 else 0.0
     notes += _layout_notes(hw, cand, sh, ring_p2p, ring_exposed)
+    host_total = host + optimizer_host_bytes(cand, sh)
+    notes += _chunk_notes(hw, cand, sh, host_total)
     return Estimate(memory=memory, time=time, capacity_bytes=capacity_bytes(hw), tokens_per_second=tps, mfu=mfu,
-                    flops_per_step=model_flops_step, notes=notes)
+                    flops_per_step=model_flops_step, notes=notes, host_bytes=host_total)
+
+
+def _chunk_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, host_total: float) -> tuple[str, ...]:
+    """One-line remarks on sequence-chunked layers: chunk size, attention block speed, host memory per node."""
+    if sh.N == 1:
+        return ()
+    notes = ()
+    speed = 1.0 / chunks.compute_factor(sh) * (ring.compute_factor(sh) if sh.R > 1 else 1.0)
+    line = f"each layer runs in {sh.N} sequence chunks of {sh.c:,} local tokens"
+    if speed < 0.98:
+        line += f"; chunked attention runs at {100 * speed:.0f}% of the unchunked kernel's speed"
+    notes += (line,)
+    if cand.offload_chunks:
+        per_node = host_total * min(hw.devices_per_node, cand.world_size)
+        notes += (f"offloaded chunks: {per_node / 2 ** 30:,.0f} GiB of pinned host memory per node "
+                  f"(node has {hw.host_memory_bytes / 2 ** 30:,.0f} GiB)",)
+    return notes
 
 
 def _layout_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, ring_p2p: float,

@@ -42,21 +42,34 @@ def model_flops(sh: Shapes) -> float:
     return 6.0 * real_tokens * sh.dense_params + 3.0 * attention_flops_forward(sh, padded=False)
 
 
+def layer_forwards_recomputed(sh: Shapes, cand: Candidate) -> tuple[int, bool]:
+    """(layer forwards recomputed without their attention, attention forwards recomputed) per layer.
+
+    Unchunked: ``sequence`` 1 without attention, ``full`` 1 with it (selective / none: pointwise only, 0).
+    Sequence-chunked layers (cost_models/chunks.py) always recompute their layer but attention once in their
+    backward; under ``full`` the chunked layer is itself recomputed first (attention included)."""
+    policy = cand.checkpointing
+    if sh.N > 1:
+        return (2, True) if policy == "full" else (1, False)
+    if policy == "full":
+        return 1, True
+    return (1, False) if policy == "sequence" else (0, False)
+
+
 def recompute_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     """(matmul, attention) FLOPs recomputed in the backward of one micro-batch on one GPU.
 
     selective: pointwise only (see pointwise_bytes); sequence: every layer's projections and MLP
     forward (never attention); full: a whole extra forward of every layer, attention included;
     MLP tiling adds one more MLP forward (each chunk is recomputed in its backward); loss tiling adds
-    one more LM-head forward.
+    one more LM-head forward. Sequence-chunked layers: :func:`layer_forwards_recomputed`.
     """
     s, L = sh.s, sh.L
     matmul = 0.0
     attention = 0.0
-    policy = cand.checkpointing
-    if policy in ("sequence", "full"):
-        matmul += 2.0 * s * L * sh.layer_matmul_params
-    if policy == "full":
+    forwards, with_attention = layer_forwards_recomputed(sh, cand)
+    matmul += forwards * 2.0 * s * L * sh.layer_matmul_params
+    if with_attention:
         attention += attention_flops_forward(sh)
     if cand.mlp_chunks > 1:
         matmul += 2.0 * s * L * sh.mlp_params
@@ -92,7 +105,10 @@ def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     loss = s * (p.loss_pw_fwd + p.loss_pw_bwd) * e / 2.0
     baseline = (1.0 + p.pw_bwd_factor) * L * layer_fwd + L * s * (ring_fwd + ring_bwd) + loss
     policy = cand.checkpointing
-    if policy == "full":
+    if sh.N > 1:  # the chunked layer's own recompute of everything but attention; under full the layer again
+        recompute = L * layer_fwd + (L * (layer_fwd + s * ring_fwd) if policy == "full" else 0.0)
+        policy = "full"  # (its MLP is recomputed with the layer: no separate tiled-MLP recompute)
+    elif policy == "full":
         recompute = L * (layer_fwd + s * ring_fwd)
     elif policy in ("selective", "sequence"):
         re = p.pw_recompute[POLICY_INDEX[policy]]

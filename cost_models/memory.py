@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import deepspeed_buffers as ds, profile, ring
+from autosp.cost_models import chunks, deepspeed_buffers as ds, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
@@ -186,24 +186,47 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
     """(kept on device, one-layer transient, per-layer kept, host bytes) for one GPU.
 
     ``kept on device`` holds every layer's saved set (or, with activation offload, two layers'
-    worth: the one being copied and the one in use) plus what is kept outside the layers (analytic:
-    the final norm's input and output). ``host bytes`` is what offload parks in host memory (all
-    layers' saved sets).
+    worth: the one being copied and the one in use; with offload_chunks two chunks of one layer's)
+    plus what is kept outside the layers (analytic: the final norm's input and output). ``host bytes``
+    is what offload parks in host memory (all layers' saved sets; with offload_chunks also the fp32
+    dK/dV accumulators of the layer in its backward: :func:`chunks.host_bytes`). Sequence-chunked
+    layers (``sequence_chunks`` > 1) are kept like attention (their own set, :func:`chunks.saved_bytes_per_token`)
+    unless the policy is ``full``: then each keeps its input (the checkpoint, which activation offload moves)
+    and, in its backward, re-runs its chunked forward, which keeps its set again for that one layer (on the
+    host with offload_chunks). Either way one chunk's backward working set: :func:`chunks.transient_bytes`.
     """
     s, e = sh.s, sh.e
     tiled = cand.mlp_chunks > 1
-    attn, mlp = layer_saved_elems(sh, cand.checkpointing, tiled)
-    per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
+    chunked = sh.N > 1
+    recomputed = chunked and cand.checkpointing == "full"   # the chunked layer itself is recomputed
+    if chunked and not recomputed:  # kept like attention: the chunked layer's own set (cost_models/chunks.py)
+        per_layer = s * chunks.saved_bytes_per_token(sh)
+    else:
+        attn, mlp = layer_saved_elems(sh, cand.checkpointing, tiled)
+        per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
     final = sh.prof.final
     final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
-    if cand.offload_activations:
+    if cand.offload_chunks and not recomputed:  # the kept chunks live on the host
+        kept = chunks.kept_on_device(per_layer, sh.L, sh.N, True) + final_norm
+        host = chunks.host_bytes(sh, per_layer)
+    elif cand.offload_activations:
         kept = min(2, sh.L) * per_layer + final_norm
         host = sh.L * per_layer
     else:
         kept = sh.L * per_layer + final_norm
         host = 0.0
-    mlp_phase, mlp_fixed, attn_phase, attn_fixed = layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
-    transient = max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
+    if chunked:
+        transient = chunks.transient_bytes(sh, cand.mlp_chunks, cand.offload_chunks)
+        if recomputed:  # the layer in its backward re-runs the chunked forward, which keeps its set again
+            layer_set = s * chunks.saved_bytes_per_token(sh)
+            if cand.offload_chunks:
+                transient += chunks.kept_on_device(layer_set, 1, sh.N, True)
+                host += chunks.host_bytes(sh, layer_set) - (sh.L - 1) * layer_set
+            else:
+                transient += layer_set
+    else:
+        mlp_phase, mlp_fixed, attn_phase, attn_fixed = layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
+        transient = max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
     return kept, transient, per_layer, host
 
 
@@ -227,9 +250,9 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
 
 
 def a2a_buffer_bytes(sh: Shapes) -> float:
-    """All-to-all staging: send + receive copies of the largest q/k/v/out tensor (0 without a Ulysses
-    dimension: no SP, or a pure ring)."""
-    return 2.0 * sh.s * max(sh.q, sh.k_eff) * sh.e if sh.U > 1 else 0.0
+    """All-to-all staging: send + receive copies of the largest q/k/v/out tensor of one chunk (the whole
+    local sequence unless sequence-chunked; 0 without a Ulysses dimension: no SP, or a pure ring)."""
+    return 2.0 * sh.c * max(sh.q, sh.k_eff) * sh.e if sh.U > 1 else 0.0
 
 
 def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:

@@ -125,6 +125,7 @@ def transfer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes) -> tuple[float
     if sh.R == 1:
         return 0.0, 0.0
     bandwidth, latency = link(hw, cand)
+    latency *= sh.N  # sequence-chunked layers pass each block as N chunks (cost_models/chunks.py)
 
     def xfer(nbytes: float) -> float:
         return latency + (nbytes / bandwidth if bandwidth > 0 else float("inf"))

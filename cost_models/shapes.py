@@ -38,6 +38,8 @@ class Shapes:
       U / n_kv times before the all-to-all so every rank gets the KV head its query heads use; the ring
       needs no copies); ``kv_copies`` = k_eff / k.
     - ``e``: bytes per activation/parameter element (2 for bf16, 4 for fp32).
+    - ``N``: ``sequence_chunks``, the chunks each decoder layer runs its local tokens in; ``c``: tokens of one
+      chunk, ceil(s / N) (= s unchunked; cost_models/chunks.py).
     - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
       (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
       widths, heads and parameter counts below are the profile's.
@@ -46,7 +48,7 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params")
+                 "attn_width", "qproj_params", "N", "c")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -64,6 +66,8 @@ class Shapes:
         self.S_pad = math.ceil(workload.seq_len / multiple) * multiple
         self.b = cand.micro_batch
         self.s = self.S_pad // P * cand.micro_batch
+        self.N = cand.sequence_chunks
+        self.c = math.ceil(self.s / self.N)
         self.e = BYTES[workload.dtype]
         self.h = prof.hidden
         self.d = d = prof.head_dim

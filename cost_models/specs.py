@@ -328,6 +328,9 @@ class Estimate:
     mfu: float
     flops_per_step: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    host_bytes: float = 0.0
+    """Host memory one GPU's process parks there (activation or sequence-chunk offload, ZeRO-Offload's
+    optimizer states), bytes; a node needs devices_per_node times this (pinned)."""
 
     @property
     def fits(self) -> bool:

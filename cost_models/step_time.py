@@ -6,7 +6,7 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
-from autosp.cost_models import comm, flops, ring
+from autosp.cost_models import chunks as seq_chunks, comm, flops, ring
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -23,6 +23,10 @@ HOST_ADAM_BANDWIDTH_PER_NODE = 0.6 * 2 * 307.2e9
 (307.2 GB/s each; Intel ARK, Xeon Platinum 8480+, the CPU of DGX H100 per its user guide) at the 60%
 a STREAM-like kernel sustains. ZeRO-Offload's CPU Adam is bandwidth-bound (arXiv 2101.06840, sec. 5.1).
 An assumption until calibration measures it; shared by the node's GPUs."""
+
+HOST_DRAM_BANDWIDTH_PER_NODE = HOST_ADAM_BANDWIDTH_PER_NODE
+"""The host DRAM bandwidth a node's host<->device copies share (the same sustained STREAM-like figure CPU Adam
+streams through): sequence-chunk offload moves each byte through DRAM once, whichever direction."""
 
 HEAD_PIPELINE_CHUNKS = 4
 """``head_pipeline`` splits each layer's attention into this many head groups (fewer if a rank has
@@ -72,7 +76,8 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     mm_re, att_re = flops.recompute_flops(sh, cand)
     pw_base, pw_re = flops.pointwise_bytes(sh, cand)
     t_mm_fwd = mm_fwd / mm_rate
-    ring_factor = ring.compute_factor(sh)  # ring steps run shorter, slower attention kernels (1 without a ring)
+    # ring steps and sequence chunks run shorter, slower attention kernels (1 without either)
+    ring_factor = seq_chunks.compute_factor(sh)
     t_att_fwd = att_fwd / att_rate * ring_factor
     t_pw = pw_base / mem_bw if mem_bw > 0 else 0.0
     prof = sh.prof
@@ -84,6 +89,8 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
     if cand.loss_chunks > 1:
         t_recompute += TILE_OVERHEAD_S * cand.loss_chunks * 2
+    if sh.N > 1:  # every chunk of every layer in the forward, each recompute and the backward
+        t_recompute += TILE_OVERHEAD_S * sh.N * L * (2 + flops.layer_forwards_recomputed(sh, cand)[0])
     t_micro = t_fwd + t_bwd + t_recompute
     t_optimizer = flops.optimizer_bytes(n_params, cand) / mem_bw if mem_bw > 0 else 0.0
     optimizer_offload = 0.0
@@ -100,7 +107,12 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     # --- Ulysses all-to-alls of one micro-batch ---
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_pass = t_q + t_k + t_v + t_o
-    passes = 3 if cand.checkpointing == "full" else 2
+    # full recompute repeats the forward all-to-alls (sequence never recomputes a collective); a chunked layer
+    # repeats them in its own recompute too, and under full once more; the ring's passes come back only with a
+    # recomputed attention (a chunked layer's own recompute leaves attention out)
+    forwards, with_attention = flops.layer_forwards_recomputed(sh, cand)
+    passes = 2 + forwards if sh.N > 1 else (3 if cand.checkpointing == "full" else 2)
+    ring_passes = 3 if with_attention else 2
     attention_comm_micro = L * passes * per_pass
     if per_pass > 0:
         t_proj_q = 2.0 * sh.s * sh.qproj_params / mm_rate
@@ -116,18 +128,26 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     # --- ring P2P of one micro-batch: each forward pass (forward, full recompute) and the backward ---
     ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, cand, sh, t_att_fwd / L,
                                                                                prof.attn_bwd_factor)
-    ring_micro = L * (ring_fwd * (passes - 1) + ring_bwd)
-    ring_exposed_micro = L * (ring_fwd_exposed * (passes - 1) + ring_bwd_exposed)
+    ring_micro = L * (ring_fwd * (ring_passes - 1) + ring_bwd)
+    ring_exposed_micro = L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
     attention_comm_micro += ring_micro
     exposed_attention_micro += ring_exposed_micro
 
     # --- activation offload: D2H in forward, H2D in backward, per layer, overlapped with compute ---
     offload_micro = 0.0
-    if cand.offload_activations and offload_layer_bytes > 0:
+    recomputed = sh.N > 1 and cand.checkpointing == "full"
+    if cand.offload_chunks:
+        link = hw.host_bandwidth * hw.comm_efficiency
+        dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
+        layer_set = sh.s * seq_chunks.saved_bytes_per_token(sh) if recomputed else offload_layer_bytes
+        _copies, exposed_layer = seq_chunks.offload_exposed(sh, layer_set, t_fwd / L, (t_bwd + t_recompute) / L,
+                                                            link, dram, recomputed=recomputed)
+        offload_micro = L * exposed_layer
+    if cand.offload_activations and (sh.N == 1 or recomputed) and offload_layer_bytes > 0:
         t_copy = comm._xfer(offload_layer_bytes, hw.host_bandwidth * hw.comm_efficiency)
         layer_fwd = t_fwd / L
         layer_bwd = (t_bwd + t_recompute) / L
-        offload_micro = L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
+        offload_micro += L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
 
     # --- ZeRO ---
     z_step, z_fwd, z_bwd, z_exposed = comm.zero_times(hw, cand, n_params, sh.e)

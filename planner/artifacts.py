@@ -71,7 +71,9 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
                          grad_accum=int(data.get("gradient_accumulation_steps", 1)),
                          checkpointing=a["checkpointing"], mlp_chunks=int(a["mlp_chunks"]),
                          loss_chunks=int(a["loss_chunks"]), offload_activations=bool(a["offload_activations"]),
-                         overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)))
+                         overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)),
+                         sequence_chunks=a.get("sequence_chunks", 1),  # not coerced: "4" or "yes" are refused
+                         offload_chunks=a.get("offload_chunks", False))
         dtype = a.get("dtype") or ("bf16" if (data.get("bf16") or {}).get("enabled") else "fp32")
         if "global_batch" in a:
             global_batch = a["global_batch"]

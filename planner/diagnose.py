@@ -28,12 +28,16 @@ def _leanest(space, seq_len: int):
         zero_loss = {(max(per["zero_stage"]), max(per["loss_chunks"] or (1,))), (max(per["zero_stage"]), 1),
                      (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
                       max(per["loss_chunks"] or (1,)))}
-        for ckpt, offload, optim, (zero, loss) in itertools.product(("full", "sequence"), (True, False),
-                                                                     (True, False), sorted(zero_loss)):
+        # offload: activation offload, or (with the most sequence chunks) chunk offload, or neither
+        seq = max(per["sequence_chunks"] or (1,))
+        offloads = [(True, 1, False), (False, 1, False), (False, seq, False), (False, seq, True)]
+        for ckpt, (offload, chunks, chunk_off), optim, (zero, loss) in itertools.product(
+                ("full", "sequence"), offloads, (True, False), sorted(zero_loss)):
             cand = target.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
                                loss_chunks=loss, offload_activations=offload,
-                               overlap="none", offload_optimizer=optim)
+                               overlap="none", offload_optimizer=optim, sequence_chunks=chunks,
+                               offload_chunks=chunk_off and chunks > 1)
             if target.reason(cand):
                 continue
             est = evaluator(cand)

@@ -61,6 +61,8 @@ def deepspeed_config(plan) -> dict:
             "offload_activations": c.offload_activations,
             "overlap": c.overlap,
             "offload_optimizer": c.offload_optimizer,
+            "sequence_chunks": c.sequence_chunks,
+            "offload_chunks": c.offload_chunks,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

@@ -50,7 +50,9 @@ def undialed(space, per: dict, **structure):
     """The fastest point of a structure: fewest chunks, no offload (as far as the space allows)."""
     return space.make(**structure, mlp_chunks=per["mlp_chunks"][0], loss_chunks=per["loss_chunks"][0],
                       offload_activations=_first(per["offload_activations"], False),
-                      offload_optimizer=_first(per["offload_optimizer"], False))
+                      offload_optimizer=_first(per["offload_optimizer"], False),
+                      sequence_chunks=per["sequence_chunks"][0] if per["sequence_chunks"] else 1,
+                      offload_chunks=_first(per["offload_chunks"], False))
 
 
 OFFLOADS = ((True, True), (True, False), (False, True), (False, False))
@@ -59,20 +61,26 @@ memory, so at the longest contexts dropping one can fit where both do not."""
 
 
 def _lean_points(space, per: dict, tiles: int | None = None, **structure):
-    """The leanest points of a structure, one per offload pair (:data:`OFFLOADS`); ``tiles``: use the first
-    ``tiles`` tiling levels only (default all). A tied model keeps its loss untiled at ZeRO 3."""
+    """The leanest points of a structure, one per offload pair (:data:`OFFLOADS`) and sequence-chunking choice
+    (the most chunks, their saved tensors offloaded or kept, or no chunks: chunked layers need checkpointing
+    none or full, and offloaded chunks share the host's memory with the other offloads); ``tiles``: use the
+    first ``tiles`` tiling levels only (default all). A tied model keeps its loss untiled at ZeRO 3."""
     from autosp.planner.space import zero3_loss_ok
 
     mlp, loss = per["mlp_chunks"], per["loss_chunks"]
     if tiles is not None:
         mlp, loss = mlp[:min(tiles, len(mlp))], loss[:min(tiles, len(loss))]
     loss_chunks = loss[-1] if zero3_loss_ok(space.model, structure["zero_stage"], loss[-1]) else 1
+    chunking = [(1, False)]
+    if per.get("sequence_chunks") and per["sequence_chunks"][-1] > 1:
+        most = per["sequence_chunks"][-1]
+        chunking = [(most, off) for off in (True, False) if off in per["offload_chunks"]] + chunking
     seen = set()
-    for act, opt in OFFLOADS:
+    for (seq, seq_off), (act, opt) in itertools.product(chunking, OFFLOADS):
         if act not in per["offload_activations"] or opt not in per["offload_optimizer"]:
             continue
         cand = space.make(**structure, mlp_chunks=mlp[-1], loss_chunks=loss_chunks, offload_activations=act,
-                          offload_optimizer=opt)
+                          offload_optimizer=opt, sequence_chunks=seq, offload_chunks=seq_off)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand

@@ -119,6 +119,12 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("MLP tiling", f"{c.mlp_chunks} chunk{'s' if c.mlp_chunks != 1 else ''}"),
         ("logits+loss tiling", f"{c.loss_chunks} chunk{'s' if c.loss_chunks != 1 else ''}"),
         ("activation offload", "on (checkpointed tensors to host memory)" if c.offload_activations else "off"),
+        ("sequence chunks", (f"{c.sequence_chunks} per layer ("
+                             + ("only their inputs kept, each layer re-run in its backward)" if c.checkpointing == "full"
+                                else "kept whole: input, K/V and attention output per chunk)"))
+         if c.sequence_chunks > 1 else "off (1)"),
+        ("chunk offload", "on (chunks' saved tensors and keys/values in pinned host memory)"
+         if c.offload_chunks else "off"),
         ("all-to-all overlap", c.overlap),
         ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
                               "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
@@ -150,6 +156,10 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
             lines.append("  " + "-" * (30 + 10 + 8 + BAR_WIDTH))
         lines.append(f"  {label:<20}{value / GIB:>9,.2f} GiB {100 * frac:>6.1f}%  {bar(frac, unicode=uni)}")
     lines.append(f"  {'headroom':<20}{(cap - mem.total) / GIB:>9,.2f} GiB")
+    if e.host_bytes > 0:
+        per_node = e.host_bytes * min(hw.devices_per_node, c.sp * c.dp)
+        lines.append(f"  {'host memory':<20}{e.host_bytes / GIB:>9,.2f} GiB per GPU, {per_node / GIB:,.0f} GiB per node "
+                     f"(of {hw.host_memory_bytes / GIB:,.0f} GiB)")
     lines.append("")
 
     t = e.time

@@ -41,6 +41,7 @@ import warnings
 from dataclasses import asdict, replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
+from autosp.planner.space import chunk_overlap
 
 DEFAULT_TRIALS = 60
 MAX_TRIALS = 10_000
@@ -92,7 +93,12 @@ def warm_starts(space) -> list[dict]:
     sp = max(choices["sp"])
     lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none", offload_optimizer=True)
+                offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
+                offload_chunks=False)
+    # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
+    # layer in its backward offloaded; and chunked layers kept whole in host memory
+    chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
+    chunked_on_device = dict(chunked, checkpointing="none", offload_activations=False)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
@@ -101,7 +107,7 @@ def warm_starts(space) -> list[dict]:
     lean_tiled_loss = dict(lean, zero_stage=2)
     other_rings = [dict(lean, ring=r) for r in space.rings_for(sp) if r != lean["ring"]]
     starts = []
-    for knobs in (lean, lean_tiled_loss, middle, fast, *other_rings):
+    for knobs in (lean, chunked, chunked_on_device, lean_tiled_loss, middle, fast, *other_rings):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
         knobs = _knobs_of(space, space.make_nearest(**knobs))
         if knobs not in starts:
@@ -199,9 +205,13 @@ def _single_moves(space, cand, stronger: bool) -> list:
         for value in (values[i + 1:] if up else values[:i]):
             moves.append(dict(knobs, **{name: value}))
 
-    for name in ("mlp_chunks", "loss_chunks", "checkpointing", "zero_stage"):
+    for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
         step(name, up=stronger)
     step("micro_batch", up=not stronger)
+    for move in moves:  # sequence chunks take kv_async where head_pipeline was
+        move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
+    if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
+        moves.append(dict(knobs, offload_chunks=stronger))
     if cand.checkpointing != "none" and cand.offload_activations != stronger:
         moves.append(dict(knobs, offload_activations=stronger))
     if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
@@ -246,7 +256,8 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
-DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
+DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
+              "offload_chunks")
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
@@ -261,8 +272,9 @@ def complete(space, cand, estimate):
     choices = space.choices()
     # the fastest dial the space offers (a pinned dial has one value)
     knobs = dict(_knobs_of(space, cand), mlp_chunks=choices["mlp_chunks"][0], loss_chunks=choices["loss_chunks"][0],
+                 sequence_chunks=choices["sequence_chunks"][0],
                  **{k: False if False in choices[k] else choices[k][0]
-                    for k in ("offload_activations", "offload_optimizer")})
+                    for k in ("offload_activations", "offload_optimizer", "offload_chunks")})
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -280,13 +292,17 @@ def complete(space, cand, estimate):
             break
         base = _knobs_of(space, current)
         options = []
-        for name in ("mlp_chunks", "loss_chunks"):
+        for name in ("mlp_chunks", "loss_chunks", "sequence_chunks"):
             values = choices[name]
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
-        if current.checkpointing != "none" and not current.offload_activations:
+        for option in options:  # sequence chunks take kv_async where head_pipeline was
+            option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
+        if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
             options.append(dict(base, offload_activations=True))
+        if current.sequence_chunks > 1 and not current.offload_chunks:
+            options.append(dict(base, offload_chunks=True))
         if current.zero_stage >= 1 and not current.offload_optimizer:
             options.append(dict(base, offload_optimizer=True))
         higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
@@ -321,7 +337,8 @@ def structure_sweep(space, estimate) -> None:
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                        checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                                       overlap=per["overlap"][-1], offload_optimizer=False), estimate)
+                                       overlap=per["overlap"][-1], offload_optimizer=False, sequence_chunks=1,
+                                       offload_chunks=False), estimate)
 
 
 def _distinct_starts(ranked, k: int) -> list:
@@ -499,6 +516,9 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     if best_ctx == 0:
         return SearchResult(strategy="optuna", seq_len=0, ranked=[], evaluations=evaluator.calls,
                             trials=stage1_trials, max_ctx=dict(memo))
+    for cand, ctx in memo.items():  # the candidates that reach the longest context are in the ranking for sure
+        if ctx == best_ctx:         # (at the boundary the throughput study may not sample one that fits)
+            evaluator(cand, best_ctx)
     result = optuna_throughput(space, evaluator, trials=max(20, trials // 2), seed=seed, seq_len=best_ctx,
                                label="optuna at max-ctx", deadline=deadline)
     result.trials += stage1_trials

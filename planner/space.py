@@ -24,6 +24,12 @@ Knobs and choices
   Adam); only with ZeRO stage >= 1.
 - ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
   no all-to-all).
+- ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
+  chunks (cost_models/chunks.py); ``offload_chunks``: the chunks' saved tensors and the dK/dV accumulators
+  live in host memory, only with ``sequence_chunks > 1``. A chunked layer is checkpointed like attention: kept
+  (its layer input, K/V and attention output) under ``none``, ``selective`` and ``sequence`` alike, so with chunks
+  those three are ``none``; recomputed under ``full`` (then only its input is kept, and activation offload moves
+  that). It needs one attention per layer, so no ``head_pipeline``.
 
 Validity rules (docs/design.md section 2)
 
@@ -38,14 +44,16 @@ Validity rules (docs/design.md section 2)
 - ``loss_chunks > 1`` at ZeRO stage 3 only for untied embeddings (:func:`zero3_loss_ok`);
 - tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
   tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
-  tiled finely (ALST tiles its MLP in about seq_len / hidden pieces);
+  tiled finely (ALST tiles its MLP in about seq_len / hidden pieces); sequence chunks hold at least
+  :data:`MIN_SEQUENCE_CHUNK_TOKENS`;
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
 Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinned value alone, and
 :meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
-``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
+``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
+``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
 
@@ -64,12 +72,21 @@ ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
 MLP_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
 LOSS_CHUNKS = (1, 2, 4, 8, 16, 32, 64, 128)
+SEQUENCE_CHUNKS = (1, 4, 16, 64)
+"""Sequence chunks of a decoder layer the search offers (the cost model and the compiler take any count).
+Every fourth power of two: each extra choice multiplies the space (x 2 with chunk offload), and at the longest
+contexts the device memory of a chunked, offloaded layer is mostly full-length tensors by 64 chunks
+(residual gradients, the final norm, the tiled loss's hidden-state gradient: cost_models/chunks.py)."""
+MIN_SEQUENCE_CHUNK_TOKENS = 8192
+"""A sequence chunk holds at least this many of a rank's tokens. A space rule, not a cost: shorter chunks
+save memory only where the layer's working set is already small, and multiply all-to-all latencies, per-chunk
+overheads and (offloaded) the K/V chunk transfers, which grow with N^2; the cost model prices any count."""
 OFFLOAD = (False, True)
 MIN_TILE_TOKENS = 1024
 """A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
 launches and lose GEMM efficiency while saving memory that no longer matters."""
 
-SPACE_REVISION = 4
+SPACE_REVISION = 5
 """Bump by hand when the meaning of the space changes; the source hash below catches the rest."""
 
 SPACE_VERSION = f"{SPACE_REVISION}-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]}"
@@ -104,6 +121,28 @@ def local_tokens(seq_len: int, sp: int, ring: int = 1) -> int:
 def tile_ok(chunks: int, tokens: int) -> bool:
     """Whether ``chunks`` tiles of ``tokens`` tokens each hold at least MIN_TILE_TOKENS (1 always does)."""
     return chunks == 1 or tokens // chunks >= MIN_TILE_TOKENS
+
+
+def sequence_chunks_ok(chunks: int, tokens: int) -> bool:
+    """Whether ``chunks`` sequence chunks of ``tokens`` tokens each hold at least MIN_SEQUENCE_CHUNK_TOKENS."""
+    return chunks == 1 or tokens // chunks >= MIN_SEQUENCE_CHUNK_TOKENS
+
+
+def chunks_reason(sequence_chunks: int, checkpointing: str, overlap: str) -> str | None:
+    """Why sequence chunks cannot go with this policy or overlap schedule, or None."""
+    if sequence_chunks == 1:
+        return None
+    if checkpointing in ("selective", "sequence"):
+        return (f"a sequence-chunked layer is kept whole (its input, K/V, attention output) by every policy but "
+                f"full; use checkpointing 'none' or 'full' with sequence_chunks > 1, not {checkpointing!r}")
+    if overlap == "head_pipeline":
+        return "sequence_chunks needs one attention per layer; head_pipeline splits it into head groups"
+    return None
+
+
+def chunk_overlap(overlap: str, sequence_chunks: int) -> str:
+    """The overlap schedule nearest to ``overlap`` that sequence chunks allow (head_pipeline -> kv_async)."""
+    return "kv_async" if sequence_chunks > 1 and overlap == "head_pipeline" else overlap
 
 
 def divisors(n: int) -> list[int]:
@@ -197,12 +236,18 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
         return reason
     if not zero3_loss_ok(model, cand.zero_stage, cand.loss_chunks):
         return "loss_chunks > 1 is not supported with zero_stage=3 for a model with tied embeddings"
+    reason = chunks_reason(cand.sequence_chunks, cand.checkpointing, cand.overlap)
+    if reason:
+        return reason
     tokens = local_tokens(workload.seq_len, cand.sp, cand.ring)
     for name in ("mlp_chunks", "loss_chunks"):
         chunks = getattr(cand, name)
         if not tile_ok(chunks, tokens):
             return (f"{name}={chunks} would cut the {tokens} tokens per rank into tiles smaller than "
                     f"{MIN_TILE_TOKENS}")
+    if not sequence_chunks_ok(cand.sequence_chunks, tokens):
+        return (f"sequence_chunks={cand.sequence_chunks} would cut the {tokens} tokens per rank into chunks smaller "
+                f"than {MIN_SEQUENCE_CHUNK_TOKENS}")
     gb = workload.global_batch
     if gb is None:
         if cand.grad_accum != 1:
@@ -227,12 +272,15 @@ def canonical(cand: Candidate) -> Candidate:
         changes["offload_activations"] = False
     if cand.zero_stage == 0 and cand.offload_optimizer:
         changes["offload_optimizer"] = False
+    if cand.sequence_chunks > 1 and cand.checkpointing in ("selective", "sequence"):
+        changes.update(checkpointing="none", offload_activations=False)
     return replace(cand, **changes) if changes else cand
 
 
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
-                   overlap: str, offload_optimizer: bool = False, ring: int = 1) -> Candidate:
+                   overlap: str, offload_optimizer: bool = False, ring: int = 1, sequence_chunks: int = 1,
+                   offload_chunks: bool = False) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -242,11 +290,15 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
     grad_accum = 1
     if global_batch is not None and global_batch % (dp * micro_batch) == 0:
         grad_accum = global_batch // (dp * micro_batch)
+    offload_chunks = offload_chunks and sequence_chunks > 1
+    if sequence_chunks > 1 and checkpointing != "full":  # chunked layers are kept like attention by all three
+        checkpointing = "none"
     return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                      checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
                      offload_activations=offload_activations and checkpointing != "none",
                      overlap=overlap if sp > ring else "none",
-                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring)
+                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
+                     sequence_chunks=sequence_chunks, offload_chunks=offload_chunks)
 
 
 @dataclass(frozen=True)
@@ -268,6 +320,8 @@ class SearchSpace:
     offload_activations: tuple[bool, ...] = OFFLOAD
     overlap: tuple[str, ...] = OVERLAP_SCHEDULES
     offload_optimizer: tuple[bool, ...] = OFFLOAD
+    sequence_chunks: tuple[int, ...] = SEQUENCE_CHUNKS
+    offload_chunks: tuple[bool, ...] = OFFLOAD
     fixed: tuple[tuple[str, object], ...] = ()
     """Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): (name, value) pairs every candidate must keep;
     their choices above are already restricted to the pinned value."""
@@ -276,7 +330,7 @@ class SearchSpace:
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
     KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
-             "offload_activations", "overlap", "offload_optimizer")
+             "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks")
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -299,19 +353,22 @@ class SearchSpace:
             knobs = dict(knobs, ring=below[-1] if below else rings[0])
         per = self.per_layout_choices(knobs["sp"], knobs["ring"])
         if per is not None:
-            for name in ("mlp_chunks", "loss_chunks", "micro_batch"):
+            for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "micro_batch"):
                 valid = per[name]
                 if valid and knobs[name] not in valid:
                     below = [v for v in valid if v <= knobs[name]]
                     knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
         if not zero3_loss_ok(self.model, knobs["zero_stage"], knobs["loss_chunks"]):
             knobs = dict(knobs, loss_chunks=1)
+        knobs["overlap"] = chunk_overlap(knobs["overlap"], knobs.get("sequence_chunks", 1))
         return self.make(**knobs)
 
     def min_seq_len(self, cand: Candidate) -> int:
         """The shortest sequence at which ``cand``'s tiling is valid (tiles of MIN_TILE_TOKENS)."""
         chunks = max(cand.mlp_chunks, cand.loss_chunks)
-        return 1 if chunks == 1 else cand.sp * chunks * MIN_TILE_TOKENS
+        tiles = 1 if chunks == 1 else cand.sp * chunks * MIN_TILE_TOKENS
+        seq = 1 if cand.sequence_chunks == 1 else cand.sp * cand.sequence_chunks * MIN_SEQUENCE_CHUNK_TOKENS
+        return max(tiles, seq)
 
     def reason(self, cand: Candidate, workload: Workload | None = None) -> str | None:
         reason = invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
@@ -358,7 +415,9 @@ class SearchSpace:
                 "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
                 "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
                 "offload_activations": self.offload_activations, "overlap": overlap,
-                "offload_optimizer": self.offload_optimizer}
+                "offload_optimizer": self.offload_optimizer,
+                "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)),
+                "offload_chunks": self.offload_chunks}
 
     def layouts(self):
         """The valid (sp, ring) pairs of this space, in a fixed order."""
@@ -372,18 +431,23 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            for zero, optim, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
+            for zero, optim, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap in itertools.product(
                     per["zero_stage"], per["offload_optimizer"], per["micro_batch"], per["checkpointing"],
-                    per["mlp_chunks"], per["loss_chunks"], per["offload_activations"], per["overlap"]):
+                    per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"], per["offload_chunks"],
+                    per["offload_activations"], per["overlap"]):
                 if offload and ckpt == "none":
                     continue  # canonical: offload needs checkpointed tensors
+                if seq_off and seq == 1:
+                    continue  # canonical: chunk offload needs sequence chunks
+                if chunks_reason(seq, ckpt, overlap):
+                    continue
                 if optim and zero == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
                 if not zero3_loss_ok(self.model, zero, loss):
                     continue
                 yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
                                 mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
-                                offload_optimizer=optim)
+                                offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
@@ -392,12 +456,19 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            acts, optims = per["offload_activations"], per["offload_optimizer"]
-            n_ckpt_offload = sum((False in acts) + (c != "none" and True in acts) for c in per["checkpointing"])
+            acts, optims, seq_offs = per["offload_activations"], per["offload_optimizer"], per["offload_chunks"]
+            # (checkpointing, activation offload, sequence chunks, chunk offload, overlap) combinations
+            n_ckpt_offload = 0
+            for seq in per["sequence_chunks"]:
+                for seq_off in seq_offs:
+                    if seq_off and seq == 1:
+                        continue
+                    for c in per["checkpointing"]:
+                        n_acts = (False in acts) + (c != "none" and True in acts)
+                        n_ckpt_offload += n_acts * sum(not chunks_reason(seq, c, o) for o in per["overlap"])
             n_zero_loss_optim = sum(((False in optims) + (z >= 1 and True in optims))
                                     * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
-            total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
-                      * len(per["overlap"]))
+            total += n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
         return total
 
     def neighbours(self, cand: Candidate):
@@ -429,6 +500,8 @@ class SearchSpace:
                         continue
                     overlaps = choices["overlap"] if base["sp"] > value else ("none",)
                     variants = [{"ring": value, "overlap": o} for o in overlaps]
+                elif name == "sequence_chunks":  # head_pipeline gives way to kv_async with chunks
+                    variants = [{name: value, "overlap": chunk_overlap(base["overlap"], value)}]
                 for change in variants:
                     other = self.make(**{**base, **change})
                     if other not in seen and not self.reason(other):
@@ -456,13 +529,16 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     most = local_tokens(workload.seq_len, min(valid)) if valid else 0
     mlp = tuple(c for c in MLP_CHUNKS if tile_ok(c, most)) or (1,)
     loss = tuple(c for c in LOSS_CHUNKS if tile_ok(c, most)) or (1,)
+    seq = tuple(c for c in SEQUENCE_CHUNKS if sequence_chunks_ok(c, most)) or (1,)
+    seq_off = OFFLOAD if len(seq) > 1 else (False,)
     if workload.global_batch is not None:
         # Only micro-batches that can divide some replica's share of the global batch.
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
         mb = mb or (1,)
     space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
                         sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
-                        micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, profile=profile)
+                        micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, sequence_chunks=seq,
+                        offload_chunks=seq_off, profile=profile)
     return restrict(space, tuple(fixed)) if fixed else space
 
 

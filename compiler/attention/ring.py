@@ -92,22 +92,62 @@ def _setup(q, k, group, ranges):
     return pg, size, rank, spans
 
 
-@torch.library.custom_op("autosp_ops::ring_attention", mutates_args=())
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, group: str,
-                   ranges: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    ops.CALLS["ring_attention"] += 1
-    pg, size, rank, spans = _setup(q, k, group, ranges)
-    acc = empty_accumulators(q, v.shape[-1])
+def ring_block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, pg, q_spans,
+                       k_spans, acc) -> None:
+    """Merge into ``acc`` (float32 out, lse) the attention of this ring position's query block (its global spans
+    ``q_spans[rank]``) over the key/value block every ring position holds (``k_spans[position]``), passing the
+    k/v blocks around the ring as described above. The ring op uses q_spans = k_spans; sequence-chunked layers
+    call it once per (query chunk, earlier key/value chunk)."""
+    size, rank = pg.size(), pg.rank()
     k, v = k.contiguous(), v.contiguous()
     held = _pack(k, v)
     for step in range(size):
         source = (rank - step) % size
         transfer = _Transfer(held, pg, _KV_TAG) if step + 1 < size else None  # next block, under this attention
         block_k, block_v = _unpack(held, (k, v))
-        block_forward(q, block_k, block_v, spans[rank], spans[source], scale, into=acc,
-                      pieces=attention_pieces(spans[rank], spans[source]))
+        block_forward(q, block_k, block_v, q_spans[rank], k_spans[source], scale, into=acc,
+                      pieces=attention_pieces(q_spans[rank], k_spans[source]))
         if transfer is not None:
             held = transfer.wait()
+
+
+def ring_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, scale: float | None, pg, q_spans, k_spans,
+                        dq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of :func:`ring_block_forward`: add the query block's gradient to ``dq`` (float32) and return
+    the float32 (dK, dV) of this position's own key/value block, summed over every position's queries."""
+    size, rank = pg.size(), pg.rank()
+    k, v = k.contiguous(), v.contiguous()
+    f32 = [torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (k, v)]
+    held = _pack(k, v)
+    partial = None  # the dK/dV of the block arriving next, in flight from r - 1
+    for step in range(size):
+        source = (rank - step) % size
+        transfer = _Transfer(held, pg, _KV_TAG) if step + 1 < size else None
+        block_k, block_v = _unpack(held, (k, v))
+        dk = torch.zeros_like(f32[0])
+        dv = torch.zeros_like(f32[1])
+        block_backward(dout, q, block_k, block_v, out, lse, q_spans[rank], k_spans[source], scale, into=(dq, dk, dv),
+                       pieces=attention_pieces(q_spans[rank], k_spans[source]))
+        if partial is not None:
+            arrived_k, arrived_v = _unpack(partial.wait(), f32)
+            dk += arrived_k
+            dv += arrived_v
+        if size == 1:
+            return dk, dv
+        partial = _Transfer(_pack(dk, dv), pg, _DKV_TAG)
+        if transfer is not None:
+            held = transfer.wait()
+    return tuple(_unpack(partial.wait(), f32))  # this position's block, back from its last holder
+
+
+@torch.library.custom_op("autosp_ops::ring_attention", mutates_args=())
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, group: str,
+                   ranges: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    ops.CALLS["ring_attention"] += 1
+    pg, size, rank, spans = _setup(q, k, group, ranges)
+    acc = empty_accumulators(q, v.shape[-1])
+    ring_block_forward(q, k, v, scale, pg, spans, spans, acc)
     out, lse = acc
     return out.to(q.dtype), lse
 
@@ -123,31 +163,9 @@ def ring_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             ranges: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention_backward"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
-    dout = dout.contiguous()
-    k, v = k.contiguous(), v.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    f32 = [torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (k, v)]
-    held = _pack(k, v)
-    partial = None  # the dK/dV of the block arriving next, in flight from r - 1
-    for step in range(size):
-        source = (rank - step) % size
-        transfer = _Transfer(held, pg, _KV_TAG) if step + 1 < size else None
-        block_k, block_v = _unpack(held, (k, v))
-        dk = torch.zeros_like(f32[0])
-        dv = torch.zeros_like(f32[1])
-        block_backward(dout, q, block_k, block_v, out, lse, spans[rank], spans[source], scale, into=(dq, dk, dv),
-                       pieces=attention_pieces(spans[rank], spans[source]))
-        if partial is not None:
-            arrived_k, arrived_v = _unpack(partial.wait(), f32)
-            dk += arrived_k
-            dv += arrived_v
-        if size == 1:
-            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-        partial = _Transfer(_pack(dk, dv), pg, _DKV_TAG)
-        if transfer is not None:
-            held = transfer.wait()
-    own_dk, own_dv = _unpack(partial.wait(), f32)  # this position's block, back from its last holder
-    # copies: the two are views of one receive buffer, and an op's outputs must not alias each other
+    own_dk, own_dv = ring_block_backward(dout.contiguous(), q, k, v, out, lse, scale, pg, spans, spans, dq)
+    # copies: the two may be views of one receive buffer, and an op's outputs must not alias each other
     return dq.to(q.dtype), own_dk.to(k.dtype, copy=True), own_dv.to(v.dtype, copy=True)
 
 
@@ -171,4 +189,4 @@ def _backward(ctx, dout, _dlse):
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)
 
-__all__ = ["ring_attention", "ring_attention_backward"]
+__all__ = ["ring_attention", "ring_attention_backward", "ring_block_backward", "ring_block_forward"]

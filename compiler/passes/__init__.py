@@ -11,6 +11,7 @@ Later plan knobs (checkpointing, MLP/loss tiling, offload, overlap) each become 
 
 from autosp.compiler.passes.attention import attention_pass
 from autosp.compiler.passes.check import check_pass
+from autosp.compiler.passes.chunking import chunking_pass
 from autosp.compiler.passes.loss import loss_pass
 from autosp.compiler.passes.mask import mask_pass
 from autosp.compiler.passes.positions import position_pass
@@ -19,8 +20,10 @@ from autosp.compiler.passes.tiling_mlp import mlp_tiling_pass
 
 # The tiling passes run after the loss pass (loss tiling fuses the sum the loss pass made) and do
 # nothing unless their plan knob (ctx.mlp_chunks, ctx.loss_chunks) is above 1; the attention pass
-# applies ctx.overlap.
-PIPELINE = (mask_pass, position_pass, attention_pass, loss_pass, mlp_tiling_pass, loss_tiling_pass, check_pass)
+# applies ctx.overlap. The chunking pass (ctx.sequence_chunks > 1) runs last: it cuts out each decoder layer the
+# others made, all-to-alls, ring attention and tiled MLP included.
+PIPELINE = (mask_pass, position_pass, attention_pass, loss_pass, mlp_tiling_pass, loss_tiling_pass, check_pass,
+            chunking_pass)
 
-__all__ = ["PIPELINE", "attention_pass", "check_pass", "loss_pass", "loss_tiling_pass", "mask_pass",
+__all__ = ["PIPELINE", "attention_pass", "check_pass", "chunking_pass", "loss_pass", "loss_tiling_pass", "mask_pass",
            "mlp_tiling_pass", "position_pass"]

@@ -112,6 +112,8 @@ def _class_of_target(target) -> str:
     namespace, name = _op_name(target)
     if namespace in COLLECTIVE_NAMESPACES or (namespace == "autosp_ops" and any(w in name for w in COLLECTIVE_WORDS)):
         return "collective"
+    if namespace == "autosp_ops" and name.startswith("chunked_layer"):
+        return "attention"  # a sequence-chunked layer: kept like attention, recomputed only under `full`
     if attention_kind(name):  # forward or backward kernel: the same tables as the graph-derived cost model
         return "attention"
     if is_matmul(name):

@@ -49,6 +49,9 @@ OFFLOADED: collections.Counter = collections.Counter()
 """Bytes moved by ``offload`` (key ``"bytes"``) and ``reload`` (key ``"reload_bytes"``), calls (``"calls"``)."""
 
 _HOST_COPIES: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+HOST_KEPT_OUTPUTS: dict = {}
+"""``autosp_ops::chunked_layer`` programs with ``offload_chunks``: key -> index of the op's first output that the
+op itself keeps in host memory (filled by :func:`autosp.compiler.chunked_layer.register`)."""
 _PENDING: dict = {}          # data_ptr of an offload/reload output -> (CUDA event of its copy, device)
 _STREAMS: dict = {}          # device -> side stream for the copies
 
@@ -173,6 +176,19 @@ def _set_val(node: fx.Node, val: torch.Tensor) -> None:
     node.meta["tensor_meta"] = extract_tensor_metadata(val)
 
 
+def _offloaded_by_chunked_layer(node: fx.Node) -> bool:
+    """An output of ``autosp_ops::chunked_layer`` that the op itself kept in host memory (``offload_chunks``)."""
+    import operator
+
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return False
+    parent = node.args[0]
+    if not isinstance(parent, fx.Node) or getattr(parent.target, "_opname", None) != "chunked_layer":
+        return False
+    first = HOST_KEPT_OUTPUTS.get(parent.args[-1])
+    return first is not None and node.args[1] >= first
+
+
 def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_outputs: int, n_layers: int,
                               static_names: set = frozenset()) -> int:
     """Rewrite ``fw``/``bw`` (see the module docstring); return the bytes offloaded per forward."""
@@ -195,6 +211,8 @@ def offload_saved_activations(fw: fx.GraphModule, bw: fx.GraphModule, num_fwd_ou
         val = node.meta["val"]
         if not val.is_floating_point():
             continue
+        if _offloaded_by_chunked_layer(node):
+            continue  # sequence-chunked layer with offload_chunks: already a host copy
         owner = owner_layer(node, shapes)
         if owner is None or owner >= n_layers:
             continue  # outside the layers (embedding side, final norm, head, loss): stays on the device

@@ -149,8 +149,9 @@ fixture("plan-peak0.json", "plan.json whose hardware has peak_flops 0")(
 fixture("plan-extra.json", "plan.json with an unknown top-level field")(_edited_plan(lambda p: p.update(colour="red")))
 fixture("plan-unknown-cand.json", "plan.json with an unknown candidate field")(
     _edited_plan(lambda p: p["candidate"].update(turbo=True)))
-fixture("plan-seqchunks.json", "plan.json with sequence_chunks = 2 (a knob this compiler cannot build yet)")(
-    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=2)))
+fixture("plan-seqchunks.json", "plan.json with sequence_chunks = 2 and overlap head_pipeline (chunked layers need "
+                               "one attention per layer)")(
+    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=2, overlap="head_pipeline")))
 fixture("plan-objective.json", "plan.json with objective \"fastest\"")(
     _edited_plan(lambda p: p.update(objective="fastest")))
 fixture("plan-graph.json", "plan.json recorded as priced by a graph profile")(
@@ -160,6 +161,14 @@ fixture("plan-nan.json", "plan.json whose hardware memory_bandwidth is NaN")(
 fixture("ds-batch.json", "ds.json with train_batch_size edited by hand")(
     _edited_ds(lambda d: d.update(train_batch_size=3)))
 fixture("ds-nokey.json", "ds.json whose autosp section lacks sp")(_edited_ds(lambda d: d["autosp"].pop("sp")))
+fixture("plan-chunkoff.json", "plan.json with offload_chunks on and sequence_chunks 1")(
+    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=1, offload_chunks=True)))
+fixture("plan-chunks0.json", "plan.json with sequence_chunks 0")(
+    _edited_plan(lambda p: p["candidate"].update(sequence_chunks=0)))
+fixture("ds-chunkoff.json", "ds.json with offload_chunks \"yes\" (a string)")(
+    _edited_ds(lambda d: d["autosp"].update(sequence_chunks=4, offload_chunks="yes")))
+fixture("ds-chunks-str.json", "ds.json with sequence_chunks \"4\" (a string)")(
+    _edited_ds(lambda d: d["autosp"].update(sequence_chunks="4")))
 fixture("empty.json", "an empty file")(lambda path, d: _text(path, ""))
 fixture("null.json", "a JSON null")(lambda path, d: _text(path, "null"))
 fixture("array.json", "a JSON array")(lambda path, d: _text(path, "[1, 2]"))
