@@ -215,7 +215,7 @@ CASES: list[Case] = [
     _c(PLAN, f"{M1} --fix sp=3", 2, "does not divide", absent="@out/plan.json"),
     _c(PLAN, f"{M1} --fix sp=1 --fix overlap=kv_async {OUT}", 2, "needs an all-to-all", absent="@out/plan.json"),
     _c(PLAN, f"{M1} --fix mlp_chunks=64", 2, "tiles smaller than"),
-    _c(PLAN, f"{M1} --fix sequence_chunks=4", 2, "does not search sequence_chunks yet"),
+    _c(PLAN, f"{M1} --fix sequence_chunks=4", 2, "chunks smaller than 8192"),
     _c(PLAN, f"{M1} --fix grad_accum=2", 2, "needs --global-batch"),
     _c(PLAN, "--model llama --ctx 4M --hw h100x8 --no-cache --fix sp=1", 3, "no plan fits"),
     # --- autosp-plan sweep --------------------------------------------------------------------------------
