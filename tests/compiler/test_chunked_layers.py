@@ -6,7 +6,7 @@ step and every weight after the last with one process on the full sequence (fp32
 fp32 with the bf16 tolerances of tests/compiler/test_compiler_exact.py). Cases: SP=1 (DP 2), SP=2 and SP=4; 2,
 3 and 8 chunks, uneven ones included (15 tokens per rank in 8 chunks: 2 x 7 + 1); offload on and off; ZeRO-3;
 tiny HF Llama and Qwen2; U 2 x R 2 ring; every checkpointing policy, MLP and loss tiling, kv_async, activation
-offload on top.
+offload on top; Inductor.
 
 Unit part (no processes): the layout, the sharding, and the pass + op on a captured one-layer graph against
 the unchunked graph (fp32), forward and backward, offload on and off.
@@ -51,6 +51,8 @@ CASES = {
     "full_ckpt_offload_activations_chunks3": (2, reference_llama, dict(seq=30),
                                               dict(sequence_chunks=3, checkpointing="full",
                                                    offload_activations=True), {}),
+    "inductor_chunks3_offload": (2, reference_llama, dict(seq=30), dict(sequence_chunks=3, offload_chunks=True),
+                                 dict(backend="inductor")),
     "sp4_chunks3": (4, reference_llama, dict(seq=30), dict(sp=4, sequence_chunks=3), {}),
     "sp4_chunks8_offload": (4, hf_llama, dict(seq=64), dict(sp=4, sequence_chunks=8, offload_chunks=True), {}),
     # 2-D SP: U 2 x R 2, S = 30 padded to 32 (each chunk laid out as a whole sequence over the ring)
