@@ -145,7 +145,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None, gradient_clipping: float | None = None):
+                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -178,6 +178,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             CUDA, gloo otherwise).
         z3_leaf_modules: ZeRO-3 only: module names gathered as one unit and traced as one graph (default:
             the children of every ``nn.ModuleList``).
+        packed: the batches hold packed documents (``position_ids`` restarting at 0, or ``seq_lens`` /
+            ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
+            when the first batch is packed or the model has sliding-window layers (read from its config).
     """
     import torch
     import torch.distributed as dist
@@ -188,6 +191,10 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
+    from autosp.compiler.windows import layer_windows, refuse_softcapping
+
+    refuse_softcapping(getattr(model, "config", None))
+    windows = layer_windows(getattr(model, "config", None))
 
     import deepspeed
 
@@ -241,6 +248,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                     ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
                     ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
+    ctx.layer_windows = windows
+    if packed or windows:
+        from autosp.compiler.runtime import rule_key
+
+        ctx.rule = rule_key(ctx)
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
