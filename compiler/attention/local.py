@@ -14,7 +14,8 @@ no communication. ``rule`` names the engine whose published documents apply (:mo
 (grouped-query natively), out in q's dtype, lse [B, Hq, S] float32. Backward:
 ``autosp_ops::span_attention_backward`` (flash-attention style, from the saved output and log-sum-exp).
 The kernels are the SDPA ones of :mod:`.kernels` (CPU flash attention; CUDA memory-efficient attention,
-not run on this project's machines).
+not run on this project's machines), or with ``AUTOSP_FLEX_ATTENTION=1`` on CUDA one FlexAttention call
+with a document block mask (:mod:`.flex_cuda`, untested).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import functools
 import torch
 
 from autosp.compiler import ops
+from autosp.compiler.attention import flex_cuda
 from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.documents import published
 from autosp.compiler.attention.merge import empty_accumulators
@@ -75,6 +77,8 @@ def rule_documents(rule: str, batch: int):
 def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, rule: str,
                    window: int) -> tuple[torch.Tensor, torch.Tensor]:
     ops.CALLS["span_attention"] += 1
+    if flex_cuda.enabled(q):  # opt-in, untested: one FlexAttention call with a document block mask
+        return flex_cuda.flex_forward(q, k, v, scale, rule_documents(rule, q.shape[0]), window)
     spans = ((0, q.shape[2]),)
     acc = empty_accumulators(q, v.shape[-1])
     rows_forward(q, k.contiguous(), v.contiguous(), spans, spans, scale, rule_documents(rule, q.shape[0]), window,
@@ -93,6 +97,8 @@ def span_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                             lse: torch.Tensor, scale: float | None, rule: str,
                             window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ops.CALLS["span_attention_backward"] += 1
+    if flex_cuda.enabled(q):
+        return flex_cuda.flex_backward(dout, q, k, v, scale, rule_documents(rule, q.shape[0]), window)
     spans = ((0, q.shape[2]),)
     grads = tuple(torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
     rows_backward(dout.contiguous(), q, k.contiguous(), v.contiguous(), out, lse, spans, spans, scale,

@@ -170,3 +170,23 @@ def test_layer_windows_from_hugging_face_configs():
     assert layer_windows(transformers.LlamaConfig(num_hidden_layers=2)) is None
     with pytest.raises(UsageError, match="gemma2 caps its attention logits"):
         refuse_softcapping(transformers.Gemma2Config(num_hidden_layers=2))
+
+
+def test_packing_a_token_file_the_hugging_face_way():
+    import numpy as np
+
+    from autosp.compiler.packing import PackedTokenSource, first_document_start, pack_window
+
+    sep = 9
+    tokens = np.array([1, 2, sep, 3, sep, 4, 5, 6, sep, 7, 8], dtype=np.int64)
+    ids, pos, labels = pack_window(tokens, 0, 8, (sep,))
+    assert ids.tolist() == [1, 2, sep, 3, sep, 4, 5, 6]
+    assert pos.tolist() == [0, 1, 2, 0, 1, 0, 1, 2]              # restarting after every separator
+    assert labels.tolist() == [-100, 2, sep, -100, sep, -100, 5, 6]  # no target crosses a document
+    assert first_document_start(tokens, 1, 4, (sep,)) == 3         # the next document start
+    assert first_document_start(tokens, 6, 4, (sep,)) == 6         # none in reach with room: the raw offset
+    batch = PackedTokenSource(tokens, 6, 0, (sep,), torch).batch(step=0, rows=2)
+    assert batch["input_ids"].shape == batch["position_ids"].shape == batch["labels"].shape == (2, 6)
+    for row in range(2):  # the engine finds the same documents the labels describe
+        docs = document_spans(batch["position_ids"][row])
+        assert [a for a, _ in docs] == (batch["labels"][row] == -100).nonzero().flatten().tolist()
