@@ -55,6 +55,7 @@ class SPContext:
     # its sliding window in tokens or None (global); None: no layer has one.
     rule: str = ""
     layer_windows: tuple | None = None
+    param_layers: dict = field(default_factory=dict)  # id(parameter) -> its decoder layer (ZeRO-3 fragments)
     stats: PassStats = field(default_factory=PassStats)
 
     def __post_init__(self):

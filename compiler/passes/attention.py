@@ -105,8 +105,21 @@ def layer_index(node: fx.Node) -> int | None:
     return None
 
 
-def layer_window(node: fx.Node, ctx: SPContext) -> int:
-    """The sliding window of this SDPA call's layer in tokens, 0 for a global layer."""
+def graph_layer(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> int | None:
+    """The one decoder layer whose parameters this graph takes as inputs (a ZeRO-3 layer fragment), by the
+    parameters' identity (``ctx.param_layers``); None when there are none or several."""
+    layers = {ctx.param_layers.get(id(value)) for node, value in
+              zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
+              if isinstance(value, torch.nn.Parameter)}
+    layers.discard(None)
+    return layers.pop() if len(layers) == 1 else None
+
+
+def layer_window(node: fx.Node, ctx: SPContext, fragment_layer: int | None = None) -> int:
+    """The sliding window of this SDPA call's layer in tokens, 0 for a global layer. The layer is the list
+    index in the call's module path, else the layer whose parameters the graph takes (``fragment_layer``:
+    under ZeRO-3 a layer's graph is traced from the layer's own frame, without the path; Dynamo then
+    shares a compiled layer graph only between layers whose window attribute is the same)."""
     windows = ctx.layer_windows
     if not windows:
         return 0
@@ -114,6 +127,8 @@ def layer_window(node: fx.Node, ctx: SPContext) -> int:
     if len(distinct) == 1:  # every layer alike (Mistral): no need to know which layer this is
         return next(iter(distinct)) or 0
     index = layer_index(node)
+    if index is None:
+        index = fragment_layer
     if index is None or index >= len(windows):
         fail(f"the model mixes sliding-window and global layers ({len(windows)} layers) but this attention's layer "
              f"index could not be read from its module path", node)
@@ -164,11 +179,12 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     graph, p, group = gm.graph, ctx.ulysses_size, ctx.ulysses_group
     ranks = "sequence-parallel ranks" if ctx.ring_size == 1 else "Ulysses ranks (sp_size / ring_size)"
     ulysses = ctx.ring_size == 1 or p > 1
+    fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
             continue
         if ctx.rule:  # read before the rewrite: the head pipeline's new SDPA calls have no module path
-            node.meta["autosp_window"] = layer_window(node, ctx)
+            node.meta["autosp_window"] = layer_window(node, ctx, fragment_layer)
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention reached the attention pass with a mask", node)
@@ -245,8 +261,9 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
         fail("attention dropout is not supported with ring attention (ring_size > 1): set the model's attention "
              "dropout to 0", node)
     with graph.inserting_before(node):
+        restriction = (ctx.rule, node.meta.get("autosp_window", 0)) if ctx.rule else ()  # documents / window
         ring = graph.call_function(RING, (args["query"], args["key"], args["value"], args["scale"], ctx.ring_group,
-                                          ctx.ring_ranges, ctx.rule, node.meta.get("autosp_window", 0)))
+                                          ctx.ring_ranges, *restriction))
         out = graph.call_function(operator.getitem, (ring, 0))
     for new in (ring, out):
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
@@ -529,4 +546,4 @@ def ring_wrapped(node: fx.Node, ulysses: bool) -> bool:
     return inputs_ok and all(is_call(u, {A2A, A2A_START}) for o in outs for u in o.users)
 
 
-__all__ = ["RING", "SPAN", "attention_pass", "layer_index", "layer_window", "ring_wrapped", "wrapped", "ops"]
+__all__ = ["RING", "SPAN", "attention_pass", "graph_layer", "layer_index", "layer_window", "ring_wrapped", "wrapped", "ops"]

@@ -87,9 +87,15 @@ EXACT = {
     "hf_mistral_window5_sp4_shapes": (mistral, dict(rows=1), dict(sp_size=4, micro_batch=1)),
     # HF Mistral window 5 on a U 2 x R 2 ring: the window crosses ring blocks
     "hf_mistral_window5_u2r2": (mistral, dict(), dict(sp_size=4, ring_size=2, micro_batch=2)),
-    # HF Qwen2, layer 0 global, layer 1 window 6, under ZeRO-3 (one graph per layer) SP 4
+    # HF Qwen2, layer 0 global, layer 1 window 6 (the layer read from the module path), SP 4
+    "hf_qwen2_mixed_window_sp4": (qwen2_mixed, dict(rows=1), dict(sp_size=4, micro_batch=1)),
+    # the same under ZeRO-3 (one graph per layer: the layer read from its parameters)
     "hf_qwen2_mixed_window_zero3_sp4": (qwen2_mixed, dict(),
                                         dict(plan=dict(sp=4, zero_stage=3, micro_batch=2), ds_config=Z3)),
+    # ZeRO-3 with a window of 10 > the 8 local tokens: both layers' masks are causal on a rank, only the
+    # window attribute tells the layers apart
+    "hf_qwen2_mixed_window10_zero3_sp4": (lambda: qwen2_mixed(10), dict(rows=1),
+                                          dict(plan=dict(sp=4, zero_stage=3, micro_batch=1), ds_config=Z3)),
     # knobs on packed data: full checkpointing, MLP and loss tiling, U 2 x R 2
     "llama_u2r2_full_mlp2_loss2": (reference_llama, dict(),
                                    dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="full", mlp_chunks=2,
