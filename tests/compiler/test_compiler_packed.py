@@ -26,6 +26,8 @@ PACKINGS = [
     [[1, 10, 10, 11], [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2]],
     [[32], [9, 9, 9, 1, 4]],
 ]
+SHAPES_SEQ = 48  # the shape-checked cases: s = 12, blocks of 24, S = 48 (no model dimension is one of them)
+SHAPES_PACKINGS = [[[7, 1, 9, 10, 1, 10, 10]], [[20, 1, 27]], [[48]]]  # crossing 12, 24 and 36
 
 
 def packed_batches(rows=2, seq=SEQ, form="position_ids", packings=PACKINGS, trim=0):
@@ -46,7 +48,7 @@ def packed_batches(rows=2, seq=SEQ, form="position_ids", packings=PACKINGS, trim
         for r, row in enumerate(spans):
             for a, _ in row:
                 labels[r, a] = -100  # the convention: no target crosses into a document
-        labels[0, 20:23] = -100      # and some ignored targets inside a document
+        labels[0, 20:23] = -100      # and some ignored targets
         batch = {"input_ids": ids, "labels": labels}
         if form == "position_ids":
             batch["position_ids"] = torch.stack([position_ids_from_spans(row) for row in spans])
@@ -81,10 +83,12 @@ EXACT = {
     "llama_sp2_dp2_zero3": (reference_llama, dict(), dict(plan=dict(sp=2, dp=2, zero_stage=3, micro_batch=1),
                                                           ds_config=Z3)),
     # HF Llama, U 2 x R 2 ring (documents cross the zigzag chunks), cu_seq_lens; joint graphs shape-checked
-    "hf_llama_u2r2_cu_seq_lens_shapes": (lambda: hf_model("llama"), dict(rows=1, form="cu_seq_lens"),
+    "hf_llama_u2r2_cu_seq_lens_shapes": (lambda: hf_model("llama"),
+                                         dict(rows=1, form="cu_seq_lens", seq=SHAPES_SEQ, packings=SHAPES_PACKINGS),
                                          dict(sp_size=4, ring_size=2, micro_batch=1)),
     # HF Mistral, sliding window 5 < S, SP=4 (the window crosses shard boundaries); shapes checked
-    "hf_mistral_window5_sp4_shapes": (mistral, dict(rows=1), dict(sp_size=4, micro_batch=1)),
+    "hf_mistral_window5_sp4_shapes": (mistral, dict(rows=1, seq=SHAPES_SEQ, packings=SHAPES_PACKINGS),
+                                      dict(sp_size=4, micro_batch=1)),
     # HF Mistral window 5 on a U 2 x R 2 ring: the window crosses ring blocks
     "hf_mistral_window5_u2r2": (mistral, dict(), dict(sp_size=4, ring_size=2, micro_batch=2)),
     # HF Qwen2, layer 0 global, layer 1 window 6 (the layer read from the module path), SP 4
@@ -166,8 +170,8 @@ def test_no_sequence_by_sequence_tensor_for_packed_inputs(world4, name):
     shapes = _ok(world4, name)["shapes"]
     compile_kw = EXACT[name][2]
     sp, ring = compile_kw["sp_size"], compile_kw.get("ring_size", 1)
-    s = SEQ // sp
-    sequence_sizes = {s, s * (sp // ring), SEQ}  # a rank's tokens, a ring block, the whole sequence
+    s = SHAPES_SEQ // sp
+    sequence_sizes = {s, s * (sp // ring), SHAPES_SEQ}  # a rank's tokens, a ring block, the whole sequence
     assert any(sum(d in sequence_sizes for d in shape) == 1 and len(shape) == 4 for shape in shapes)
     square = [shape for shape in shapes if sum(d in sequence_sizes for d in shape) >= 2]
     assert not square, square
