@@ -61,6 +61,7 @@ def deepspeed_config(plan) -> dict:
             "offload_activations": c.offload_activations,
             "overlap": c.overlap,
             "offload_optimizer": c.offload_optimizer,
+            "offload_param": c.offload_param,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

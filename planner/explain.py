@@ -19,7 +19,7 @@ def differences(cand: Candidate, best: Candidate) -> str:
     names = {"sp": "sp", "ring": "ring", "zero_stage": "ZeRO", "micro_batch": "micro-batch",
              "grad_accum": "grad-accum", "checkpointing": "ckpt", "mlp_chunks": "mlp chunks",
              "loss_chunks": "loss chunks", "offload_activations": "offload", "overlap": "overlap",
-             "offload_optimizer": "optimizer offload"}
+             "offload_optimizer": "optimizer offload", "offload_param": "parameter offload"}
     out = []
     for field, label in names.items():
         a, b = getattr(cand, field), getattr(best, field)

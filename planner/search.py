@@ -92,9 +92,9 @@ def warm_starts(space) -> list[dict]:
     sp = max(choices["sp"])
     lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none", offload_optimizer=True)
+                offload_activations=True, overlap="none", offload_optimizer=True, offload_param=True)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
-                  overlap="kv_async", offload_optimizer=False)
+                  overlap="kv_async", offload_optimizer=False, offload_param=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
     # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
     # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
@@ -206,6 +206,8 @@ def _single_moves(space, cand, stronger: bool) -> list:
         moves.append(dict(knobs, offload_activations=stronger))
     if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
         moves.append(dict(knobs, offload_optimizer=stronger))
+    if cand.zero_stage == 3 and cand.offload_optimizer and cand.offload_param != stronger:
+        moves.append(dict(knobs, offload_param=stronger))
     out = []
     for knob_set in moves:
         other = space.make(**knob_set)
@@ -246,7 +248,7 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
-DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer")
+DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "offload_param")
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
@@ -259,7 +261,7 @@ def complete(space, cand, estimate):
     fastest step that fits, and continue the walk through the step that saves the most memory per unit
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
     knobs = dict(_knobs_of(space, cand), mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                 offload_optimizer=False)
+                 offload_optimizer=False, offload_param=False)
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -287,6 +289,8 @@ def complete(space, cand, estimate):
             options.append(dict(base, offload_activations=True))
         if current.zero_stage >= 1 and not current.offload_optimizer:
             options.append(dict(base, offload_optimizer=True))
+        if current.zero_stage == 3 and current.offload_optimizer and not current.offload_param:
+            options.append(dict(base, offload_param=True))
         higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
         if higher:
             options.append(dict(base, zero_stage=higher[0]))

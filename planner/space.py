@@ -22,6 +22,10 @@ Knobs and choices
 - ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
 - ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
   Adam); only with ZeRO stage >= 1.
+- ``offload_param``: ZeRO-3 parameter offload (each rank's bf16 weight partition on the host, fetched
+  layer by layer: cost_models/param_offload.py); only at ZeRO stage 3 and together with
+  ``offload_optimizer`` -- the pairing ALST's one-GPU recipe uses: the weights are 2 B per parameter
+  against the optimizer's 12 (+ gradients), so offloading them alone is never the leaner move.
 - ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
   no all-to-all).
 
@@ -42,7 +46,8 @@ Validity rules (docs/design.md section 2)
 - with a global batch, it must split evenly into dp x micro_batch x grad_accum.
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
-``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0), so
+``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
+``offload_param=False`` below ZeRO-3 or without optimizer offload), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
 
@@ -65,7 +70,7 @@ MIN_TILE_TOKENS = 1024
 """A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
 launches and lose GEMM efficiency while saving memory that no longer matters."""
 
-SPACE_REVISION = 4
+SPACE_REVISION = 5
 """Bump by hand when the meaning of the space changes; the source hash below catches the rest."""
 
 SPACE_VERSION = f"{SPACE_REVISION}-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]}"
@@ -218,12 +223,20 @@ def canonical(cand: Candidate) -> Candidate:
         changes["offload_activations"] = False
     if cand.zero_stage == 0 and cand.offload_optimizer:
         changes["offload_optimizer"] = False
+    if cand.offload_param and not param_offload_ok(cand.zero_stage, cand.offload_optimizer and cand.zero_stage > 0):
+        changes["offload_param"] = False
     return replace(cand, **changes) if changes else cand
+
+
+def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
+    """Parameter offload is searched at ZeRO-3 together with optimizer offload (module docstring)."""
+    return zero_stage == 3 and offload_optimizer
 
 
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
-                   overlap: str, offload_optimizer: bool = False, ring: int = 1) -> Candidate:
+                   overlap: str, offload_optimizer: bool = False, ring: int = 1,
+                   offload_param: bool = False) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -237,7 +250,8 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
                      checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
                      offload_activations=offload_activations and checkpointing != "none",
                      overlap=overlap if sp > ring else "none",
-                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring)
+                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
+                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer))
 
 
 @dataclass(frozen=True)
@@ -259,12 +273,13 @@ class SearchSpace:
     offload_activations: tuple[bool, ...] = OFFLOAD
     overlap: tuple[str, ...] = OVERLAP_SCHEDULES
     offload_optimizer: tuple[bool, ...] = OFFLOAD
+    offload_param: tuple[bool, ...] = OFFLOAD
     profile: object = field(default=None, compare=False, repr=False)
     """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
     KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
-             "offload_activations", "overlap", "offload_optimizer")
+             "offload_activations", "overlap", "offload_optimizer", "offload_param")
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -337,7 +352,7 @@ class SearchSpace:
                 "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
                 "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
                 "offload_activations": self.offload_activations, "overlap": overlap,
-                "offload_optimizer": self.offload_optimizer}
+                "offload_optimizer": self.offload_optimizer, "offload_param": self.offload_param}
 
     def layouts(self):
         """The valid (sp, ring) pairs of this space, in a fixed order."""
@@ -351,18 +366,21 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            for zero, optim, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
-                    per["zero_stage"], per["offload_optimizer"], per["micro_batch"], per["checkpointing"],
-                    per["mlp_chunks"], per["loss_chunks"], per["offload_activations"], per["overlap"]):
+            for zero, optim, param, micro, ckpt, mlp, loss, offload, overlap in itertools.product(
+                    per["zero_stage"], per["offload_optimizer"], per["offload_param"], per["micro_batch"],
+                    per["checkpointing"], per["mlp_chunks"], per["loss_chunks"], per["offload_activations"],
+                    per["overlap"]):
                 if offload and ckpt == "none":
                     continue  # canonical: offload needs checkpointed tensors
                 if optim and zero == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
+                if param and not param_offload_ok(zero, optim):
+                    continue  # canonical: parameter offload at ZeRO-3 with optimizer offload
                 if not zero3_loss_ok(self.model, zero, loss):
                     continue
                 yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
                                 mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
-                                offload_optimizer=optim)
+                                offload_optimizer=optim, offload_param=param)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
@@ -371,9 +389,10 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            acts, optims = per["offload_activations"], per["offload_optimizer"]
+            acts, optims, params = per["offload_activations"], per["offload_optimizer"], per["offload_param"]
             n_ckpt_offload = sum((False in acts) + (c != "none" and True in acts) for c in per["checkpointing"])
-            n_zero_loss_optim = sum(((False in optims) + (z >= 1 and True in optims))
+            n_zero_loss_optim = sum(sum(p_ok for o in optims if not o or z >= 1
+                                        for p_ok in ((False in params), (True in params and param_offload_ok(z, o))))
                                     * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
             total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
                       * len(per["overlap"]))
