@@ -253,6 +253,11 @@ DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optim
 overlap); :func:`complete` sets them for a structure."""
 
 
+WALK_SPEED_FLOOR = 1e-3
+"""In :func:`complete`'s walk, a step that loses less than this fraction of the tokens/s is priced as losing
+exactly this much (differences that small are below the cost model's resolution)."""
+
+
 def complete(space, cand, estimate):
     """The structure of ``cand`` with its dial knobs chosen greedily.
 
@@ -305,7 +310,11 @@ def complete(space, cand, estimate):
         def value(item):
             o, e = item
             saved = est.memory.total - e.memory.total
-            lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second, 1e-300)  # 0 tokens/s: a link of 0 B/s
+            # speed changes under WALK_SPEED_FLOOR count as free: among them the larger memory saving wins (a
+            # step that costs nothing but saves little, e.g. ZeRO-3 on a tied model, must not shut out one
+            # that saves most of the memory for 0.02% of the speed, e.g. tiling the loss)
+            lost = max(est.tokens_per_second - e.tokens_per_second, WALK_SPEED_FLOOR * est.tokens_per_second,
+                       1e-300)  # 0 tokens/s: a link of 0 B/s
             return saved / lost
 
         current = max(walk, key=value)[0]
