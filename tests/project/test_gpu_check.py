@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 if str(ROOT) not in sys.path:  # studies/ is a plain folder of scripts, run from the repository root
     sys.path.insert(0, str(ROOT))
 
