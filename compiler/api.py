@@ -70,7 +70,7 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
     """Knobs the plan schema carries that this compiler cannot build yet: refuse rather than ignore them
     (a knob the compiler ignores makes the planner lie)."""
     unbuilt = [f"{name}={getattr(candidate, name)}" for name, off in
-               (("offload_param", False),)
+               ()
                if getattr(candidate, name) != off]
     if unbuilt:
         raise UsageError(f"this autosp cannot compile {', '.join(unbuilt)} yet; re-plan without it")

@@ -19,7 +19,8 @@ Defaults, and how to override them:
   it one shard of the same sequence), so ``train_batch_size`` = micro-batch x grad-accum x dp x sp
   (:mod:`autosp.planner.ds_config` explains why).
 - ``zero_optimization``: the stage, the bucket sizes of ``deepspeed_buffers``, ZeRO-Offload of the
-  optimizer (``offload_optimizer: {device: cpu}``) when the candidate asks for it, and at stage 3
+  optimizer (``offload_optimizer: {device: cpu}``) and, at stage 3, of the parameters
+  (``offload_param: {device: cpu}``, cost_models/param_offload.py) when the candidate asks for them, and at stage 3
   ``memory_efficient_linear: false`` so ``F.linear`` stays visible to the compiler's graph.
 - ``zero_allow_untested_optimizer``: the compiler passes a torch optimizer (AdamW) to DeepSpeed.
 """
@@ -37,12 +38,15 @@ STEPS_PER_PRINT = 10
 
 
 def zero_section(stage: int, offload_optimizer: bool = False, n_params: float | None = None,
-                 pin_memory: bool = True) -> dict:
+                 pin_memory: bool = True, offload_param: bool = False) -> dict:
     """``zero_optimization``: the cost model's bucket sizes, ZeRO-Offload, and what the compiler needs."""
     section = dict(zero_config_fields(stage, n_params))
     if offload_optimizer and stage >= 1:
         # ZeRO-Offload: master weights, optimizer states and the step on the host
         section["offload_optimizer"] = {"device": "cpu", "pin_memory": bool(pin_memory)}
+    if offload_param and stage == 3:
+        # ZeRO-3 parameter offload: each rank's weight partition on the host, fetched before each module
+        section["offload_param"] = {"device": "cpu", "pin_memory": bool(pin_memory)}
     if stage == 3:
         section["memory_efficient_linear"] = False  # keep F.linear visible to the compiler
     return section
@@ -68,7 +72,8 @@ def deepspeed_config(candidate, dtype: str, *, n_params: float | None = None,
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "bf16": {"enabled": dtype == "bf16"},
-        "zero_optimization": zero_section(c.zero_stage, c.offload_optimizer, n_params, pin_memory),
+        "zero_optimization": zero_section(c.zero_stage, c.offload_optimizer, n_params, pin_memory,
+                                          getattr(c, "offload_param", False)),
         "zero_allow_untested_optimizer": True,
     }
 

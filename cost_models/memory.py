@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import chunks, deepspeed_buffers as ds, profile, ring
+from autosp.cost_models import chunks, deepspeed_buffers as ds, param_offload, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
@@ -92,9 +92,12 @@ def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float,
         if cand.zero_stage >= 2:
             grads = 0.0
     gathered = 0.0
-    if cand.zero_stage >= 3 and nd > 1:
+    offloaded = param_offload.enabled(cand)
+    if cand.zero_stage >= 3 and (nd > 1 or offloaded):
         gathered = state_bytes_per_param(dtype)[0] * zero3_gathered_params(sh, cand.loss_chunks > 1)
-        params += gathered
+        # parameter offload (cost_models/param_offload.py): the partition lives on the host, only the
+        # parameters in flight are on the device
+        params = gathered if offloaded else params + gathered
     return params, grads, optim, gathered
 
 
@@ -309,7 +312,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     params, grads, optim, gathered = model_states(cand, dtype, sh)
     kept, transient, per_layer, host = activation_bytes(sh, cand)
     activations = kept + transient
-    host_total = host + optimizer_host_bytes(cand, sh)
+    host_total = host + optimizer_host_bytes(cand, sh) + param_offload.host_bytes(sh, cand)
     if host_total > 0:
         available = host_bytes_available(hw)
         if host_total > available:

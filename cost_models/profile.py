@@ -233,7 +233,12 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     full_fixed = lse + rms   # full recompute rebuilds the layer's fp32 side tensors too
     re_mlp = (Elems(), Elems(3 * h), Elems(3 * h), Elems(3 * h + 3 * q, 2 * k, full_fixed))
     re_attn = (Elems(), Elems(h), Elems(h), Elems(h + 2 * q, 2 * k, full_fixed))
-    mlp_live = (Elems(), Elems(2 * f), Elems(4 * f), Elems(4 * f))
+    # The MLP's backward as the compiled step runs it (docs/cost_model.md section 11): SiLU and the product are
+    # fused and recomputed inside the backward kernel (Inductor; Liger-Kernel's SwiGLU, which ALST ran, does the
+    # same), so the MLP holds the gate and up outputs and the down projection's input (3f) plus that input's
+    # gradient (f); the gate and up gradients overwrite the gate and up outputs. Unfused eager autograd holds
+    # up to 6f (graph profile: the eager upper bound).
+    mlp_live = (Elems(), Elems(f), Elems(3 * f), Elems(3 * f))
     bias = (q + 2 * k) if model.qkv_bias else 0
     emb = V * h
     return ModelProfile(
@@ -244,7 +249,7 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
         layer_matmul=2 * h * q + 2 * h * k + mlp, mlp_matmul=mlp, head_matmul=emb, qproj_matmul=h * q,
         attn_width=q,
         kept_attn=kept_attn, kept_mlp=kept_mlp, recompute_mlp_phase=re_mlp, recompute_attn_phase=re_attn,
-        mlp_live=mlp_live, mlp_inner=Elems(4 * f), mlp_grads=Elems(3 * f), mlp_phase_grads=Elems(2 * h),
+        mlp_live=mlp_live, mlp_inner=Elems(3 * f), mlp_grads=Elems(f), mlp_phase_grads=Elems(2 * h),
         attn_grads=Elems(4 * q + h, 2 * k), final=Elems(2 * h),
         logits=Elems(V), loss_peak=Elems(V, 0, LOSS_FP32_BYTES * V), loss_hidden_grad=Elems(h),
         pw_layer_fwd=Elems(10 * h + 2 * q + 5 * f, 2 * k),

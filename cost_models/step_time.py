@@ -6,7 +6,7 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
-from autosp.cost_models import chunks as seq_chunks, comm, flops, ring
+from autosp.cost_models import chunks as seq_chunks, comm, flops, param_offload, ring
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -101,8 +101,13 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         t_optimizer = flops.optimizer_bytes(n_params, cand) / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node)
         shard_bytes = n_params / (cand.sp * cand.dp) * sh.e
         link = hw.host_bandwidth * hw.comm_efficiency
-        optimizer_offload = comm._xfer(shard_bytes, link)
+        # (with parameter offload the step writes the weights into their host partition: nothing goes back)
+        optimizer_offload = 0.0 if param_offload.enabled(cand) else comm._xfer(shard_bytes, link)
         optimizer_offload += max(0.0, comm._xfer(shard_bytes, link) - ZERO_OVERLAP_FRACTION * t_bwd)
+
+    # --- parameter offload: each pass fetches the weights from the host, prefetched under its compute ---
+    passes_compute = (t_fwd, t_recompute, t_bwd) if param_offload.passes(cand) == 3 else (t_fwd, t_bwd)
+    _param_copy, param_exposed = param_offload.fetch_times(hw, cand, sh, passes_compute, ZERO_OVERLAP_FRACTION)
 
     # --- Ulysses all-to-alls of one micro-batch ---
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
@@ -164,7 +169,7 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     recompute = ga * t_recompute
     attention_comm = ga * attention_comm_micro
     exposed = ga * exposed_attention_micro + zero_exposed
-    offload = ga * offload_micro + optimizer_offload
+    offload = ga * (offload_micro + param_exposed) + optimizer_offload
     breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
                               zero_comm=zero_total, offload=offload, exposed_comm=exposed,
                               step=compute + exposed + offload)

@@ -66,6 +66,8 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
     try:
         offload = a.get("offload_optimizer",
                         (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None))
+        param = a.get("offload_param",
+                      (zero.get("offload_param") or {}).get("device", "none") not in ("none", None))
         cand = Candidate(sp=int(a["sp"]), dp=int(a["dp"]), zero_stage=int(zero.get("stage", 0)),
                          micro_batch=int(data["train_micro_batch_size_per_gpu"]),
                          grad_accum=int(data.get("gradient_accumulation_steps", 1)),
@@ -73,7 +75,7 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
                          loss_chunks=int(a["loss_chunks"]), offload_activations=bool(a["offload_activations"]),
                          overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)),
                          sequence_chunks=a.get("sequence_chunks", 1),  # not coerced: "4" or "yes" are refused
-                         offload_chunks=a.get("offload_chunks", False))
+                         offload_chunks=a.get("offload_chunks", False), offload_param=bool(param))
         dtype = a.get("dtype") or ("bf16" if (data.get("bf16") or {}).get("enabled") else "fp32")
         if "global_batch" in a:
             global_batch = a["global_batch"]

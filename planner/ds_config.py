@@ -63,6 +63,7 @@ def deepspeed_config(plan) -> dict:
             "offload_optimizer": c.offload_optimizer,
             "sequence_chunks": c.sequence_chunks,
             "offload_chunks": c.offload_chunks,
+            "offload_param": c.offload_param,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

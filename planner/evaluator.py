@@ -27,7 +27,7 @@ MAX_CTX = 2**34
 
 def simplicity(cand: Candidate) -> tuple:
     """Sort key: fewer moving parts first (used only to break exact ties deterministically)."""
-    return (cand.offload_optimizer, cand.offload_chunks, cand.offload_activations,
+    return (cand.offload_param, cand.offload_optimizer, cand.offload_chunks, cand.offload_activations,
             CHECKPOINTING_POLICIES.index(cand.checkpointing), cand.sequence_chunks, cand.mlp_chunks,
             cand.loss_chunks, OVERLAP_SCHEDULES.index(cand.overlap), cand.zero_stage, cand.micro_batch,
             cand.grad_accum, -cand.sp, cand.ring)

@@ -28,8 +28,9 @@ def exhaustive_throughput(space, evaluator: Evaluator, seq_len: int | None = Non
 
 
 def memory_lean_first(cand) -> tuple:
-    return (-cand.offload_optimizer, -cand.zero_stage, -CHECKPOINTING_POLICIES.index(cand.checkpointing),
-            -cand.offload_chunks, -cand.sequence_chunks, -cand.offload_activations,
+    return (-cand.offload_param, -cand.offload_optimizer, -cand.zero_stage,
+            -CHECKPOINTING_POLICIES.index(cand.checkpointing), -cand.offload_chunks, -cand.sequence_chunks,
+            -cand.offload_activations,
             -cand.mlp_chunks, -cand.loss_chunks, -cand.sp, -cand.ring, cand.overlap)
 
 

@@ -20,7 +20,7 @@ def differences(cand: Candidate, best: Candidate) -> str:
              "grad_accum": "grad-accum", "checkpointing": "ckpt", "mlp_chunks": "mlp chunks",
              "loss_chunks": "loss chunks", "offload_activations": "offload", "overlap": "overlap",
              "offload_optimizer": "optimizer offload", "sequence_chunks": "sequence chunks",
-             "offload_chunks": "chunk offload"}
+             "offload_chunks": "chunk offload", "offload_param": "parameter offload"}
     out = []
     for field, label in names.items():
         a, b = getattr(cand, field), getattr(best, field)

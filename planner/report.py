@@ -128,6 +128,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("all-to-all overlap", c.overlap),
         ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
                               "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
+        ("parameter offload", "on (ZeRO-3 offload_param: bf16 weights on the host, fetched layer by layer)"
+                              if c.offload_param else "off"),
     ]
     why = layout_why(plan)
     if hw.nodes > 1:

@@ -94,13 +94,13 @@ def warm_starts(space) -> list[dict]:
     lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
                 offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
-                offload_chunks=False)
+                offload_chunks=False, offload_param=True)
     # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
     # layer in its backward offloaded; and chunked layers kept whole in host memory
     chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
     chunked_on_device = dict(chunked, checkpointing="none", offload_activations=False)
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
-                  overlap="kv_async", offload_optimizer=False)
+                  overlap="kv_async", offload_optimizer=False, offload_param=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
     # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
     # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
@@ -216,6 +216,8 @@ def _single_moves(space, cand, stronger: bool) -> list:
         moves.append(dict(knobs, offload_activations=stronger))
     if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
         moves.append(dict(knobs, offload_optimizer=stronger))
+    if cand.zero_stage == 3 and cand.offload_optimizer and cand.offload_param != stronger:
+        moves.append(dict(knobs, offload_param=stronger))
     out = []
     for knob_set in moves:
         other = space.make(**knob_set)
@@ -257,9 +259,14 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
 
 
 DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
-              "offload_chunks")
+              "offload_chunks", "offload_param")
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
+
+
+WALK_SPEED_FLOOR = 1e-3
+"""In :func:`complete`'s walk, a step that loses less than this fraction of the tokens/s is priced as losing
+exactly this much (differences that small are below the cost model's resolution)."""
 
 
 def complete(space, cand, estimate):
@@ -274,7 +281,7 @@ def complete(space, cand, estimate):
     knobs = dict(_knobs_of(space, cand), mlp_chunks=choices["mlp_chunks"][0], loss_chunks=choices["loss_chunks"][0],
                  sequence_chunks=choices["sequence_chunks"][0],
                  **{k: False if False in choices[k] else choices[k][0]
-                    for k in ("offload_activations", "offload_optimizer", "offload_chunks")})
+                    for k in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param")})
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -305,6 +312,8 @@ def complete(space, cand, estimate):
             options.append(dict(base, offload_chunks=True))
         if current.zero_stage >= 1 and not current.offload_optimizer:
             options.append(dict(base, offload_optimizer=True))
+        if current.zero_stage == 3 and current.offload_optimizer and not current.offload_param:
+            options.append(dict(base, offload_param=True))
         higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
         if higher:
             options.append(dict(base, zero_stage=higher[0]))
@@ -319,7 +328,11 @@ def complete(space, cand, estimate):
         def value(item):
             o, e = item
             saved = est.memory.total - e.memory.total
-            lost = max(est.tokens_per_second - e.tokens_per_second, 1e-9 * est.tokens_per_second, 1e-300)  # 0 tokens/s: a link of 0 B/s
+            # speed changes under WALK_SPEED_FLOOR count as free: among them the larger memory saving wins (a
+            # step that costs nothing but saves little, e.g. ZeRO-3 on a tied model, must not shut out one
+            # that saves most of the memory for 0.02% of the speed, e.g. tiling the loss)
+            lost = max(est.tokens_per_second - e.tokens_per_second, WALK_SPEED_FLOOR * est.tokens_per_second,
+                       1e-300)  # 0 tokens/s: a link of 0 B/s
             return saved / lost
 
         current = max(walk, key=value)[0]

@@ -22,6 +22,10 @@ Knobs and choices
 - ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
 - ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
   Adam); only with ZeRO stage >= 1.
+- ``offload_param``: ZeRO-3 parameter offload (each rank's bf16 weight partition on the host, fetched
+  layer by layer: cost_models/param_offload.py); only at ZeRO stage 3 and together with
+  ``offload_optimizer`` -- the pairing ALST's one-GPU recipe uses: the weights are 2 B per parameter
+  against the optimizer's 12 (+ gradients), so offloading them alone is never the leaner move.
 - ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
   no all-to-all).
 - ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
@@ -53,7 +57,8 @@ Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinn
 
 Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
 ``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
-``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them), so
+``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them;
+``offload_param=False`` below ZeRO-3 or without optimizer offload), so
 no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
 """
 
@@ -274,13 +279,20 @@ def canonical(cand: Candidate) -> Candidate:
         changes["offload_optimizer"] = False
     if cand.sequence_chunks > 1 and cand.checkpointing in ("selective", "sequence"):
         changes.update(checkpointing="none", offload_activations=False)
+    if cand.offload_param and not param_offload_ok(cand.zero_stage, cand.offload_optimizer and cand.zero_stage > 0):
+        changes["offload_param"] = False
     return replace(cand, **changes) if changes else cand
+
+
+def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
+    """Parameter offload is searched at ZeRO-3 together with optimizer offload (module docstring)."""
+    return zero_stage == 3 and offload_optimizer
 
 
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
                    overlap: str, offload_optimizer: bool = False, ring: int = 1, sequence_chunks: int = 1,
-                   offload_chunks: bool = False) -> Candidate:
+                   offload_chunks: bool = False, offload_param: bool = False) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -298,7 +310,8 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
                      offload_activations=offload_activations and checkpointing != "none",
                      overlap=overlap if sp > ring else "none",
                      offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
-                     sequence_chunks=sequence_chunks, offload_chunks=offload_chunks)
+                     sequence_chunks=sequence_chunks, offload_chunks=offload_chunks,
+                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer))
 
 
 @dataclass(frozen=True)
@@ -322,6 +335,7 @@ class SearchSpace:
     offload_optimizer: tuple[bool, ...] = OFFLOAD
     sequence_chunks: tuple[int, ...] = SEQUENCE_CHUNKS
     offload_chunks: tuple[bool, ...] = OFFLOAD
+    offload_param: tuple[bool, ...] = OFFLOAD
     fixed: tuple[tuple[str, object], ...] = ()
     """Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): (name, value) pairs every candidate must keep;
     their choices above are already restricted to the pinned value."""
@@ -330,7 +344,8 @@ class SearchSpace:
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
     KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
-             "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks")
+             "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks",
+             "offload_param")
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -417,7 +432,7 @@ class SearchSpace:
                 "offload_activations": self.offload_activations, "overlap": overlap,
                 "offload_optimizer": self.offload_optimizer,
                 "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)),
-                "offload_chunks": self.offload_chunks}
+                "offload_chunks": self.offload_chunks, "offload_param": self.offload_param}
 
     def layouts(self):
         """The valid (sp, ring) pairs of this space, in a fixed order."""
@@ -431,10 +446,10 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            for zero, optim, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap in itertools.product(
-                    per["zero_stage"], per["offload_optimizer"], per["micro_batch"], per["checkpointing"],
-                    per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"], per["offload_chunks"],
-                    per["offload_activations"], per["overlap"]):
+            for zero, optim, param, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap in itertools.product(
+                    per["zero_stage"], per["offload_optimizer"], per["offload_param"], per["micro_batch"],
+                    per["checkpointing"], per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"],
+                    per["offload_chunks"], per["offload_activations"], per["overlap"]):
                 if offload and ckpt == "none":
                     continue  # canonical: offload needs checkpointed tensors
                 if seq_off and seq == 1:
@@ -443,11 +458,14 @@ class SearchSpace:
                     continue
                 if optim and zero == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
+                if param and not param_offload_ok(zero, optim):
+                    continue  # canonical: parameter offload at ZeRO-3 with optimizer offload
                 if not zero3_loss_ok(self.model, zero, loss):
                     continue
                 yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
                                 mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
-                                offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off)
+                                offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off,
+                                offload_param=param)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
@@ -457,6 +475,7 @@ class SearchSpace:
             if per is None:
                 continue
             acts, optims, seq_offs = per["offload_activations"], per["offload_optimizer"], per["offload_chunks"]
+            params = per["offload_param"]
             # (checkpointing, activation offload, sequence chunks, chunk offload, overlap) combinations
             n_ckpt_offload = 0
             for seq in per["sequence_chunks"]:
@@ -466,7 +485,8 @@ class SearchSpace:
                     for c in per["checkpointing"]:
                         n_acts = (False in acts) + (c != "none" and True in acts)
                         n_ckpt_offload += n_acts * sum(not chunks_reason(seq, c, o) for o in per["overlap"])
-            n_zero_loss_optim = sum(((False in optims) + (z >= 1 and True in optims))
+            n_zero_loss_optim = sum(sum(p_ok for o in optims if not o or z >= 1
+                                        for p_ok in ((False in params), (True in params and param_offload_ok(z, o))))
                                     * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
             total += n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
         return total

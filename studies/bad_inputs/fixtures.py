@@ -152,6 +152,10 @@ fixture("plan-unknown-cand.json", "plan.json with an unknown candidate field")(
 fixture("plan-seqchunks.json", "plan.json with sequence_chunks = 2 and overlap head_pipeline (chunked layers need "
                                "one attention per layer)")(
     _edited_plan(lambda p: p["candidate"].update(sequence_chunks=2, overlap="head_pipeline")))
+fixture("plan-param-z2.json", "plan.json with offload_param at ZeRO stage 2")(
+    _edited_plan(lambda p: p["candidate"].update(zero_stage=2, offload_param=True)))
+fixture("plan-param-str.json", "plan.json with offload_param \"yes\" (a string)")(
+    _edited_plan(lambda p: p["candidate"].update(offload_param="yes")))
 fixture("plan-objective.json", "plan.json with objective \"fastest\"")(
     _edited_plan(lambda p: p.update(objective="fastest")))
 fixture("plan-graph.json", "plan.json recorded as priced by a graph profile")(

@@ -86,7 +86,8 @@ def test_packed_position_ids_give_documents():
 @pytest.mark.parametrize("knob", [dict(mlp_chunks=2), dict(loss_chunks=4), dict(overlap="kv_async"),
                                   dict(overlap="head_pipeline"), dict(checkpointing="sequence"),
                                   dict(checkpointing="full", offload_activations=True), dict(offload_optimizer=True,
-                                                                                              zero_stage=1)])
+                                                                                              zero_stage=1),
+                                  dict(zero_stage=3, offload_optimizer=True, offload_param=True)])
 def test_every_plan_knob_is_accepted_as_planned(knob):
     candidate, _ = resolve_candidate(Candidate(sp=2, **knob))
     assert all(getattr(candidate, k) == v for k, v in knob.items())

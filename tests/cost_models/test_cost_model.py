@@ -165,14 +165,18 @@ def test_checkpointing_trades_memory_for_time():
 @pytest.mark.parametrize("policy", ["none", "selective", "sequence", "full"])
 def test_mlp_tiling_lowers_memory_and_costs_time(policy):
     # With the logits tiled too, the layers' backward sets the peak, so MLP tiling shows in the total.
+    # The first split always saves memory; further splits save memory until the attention backward (which
+    # tiling does not touch) outweighs one MLP chunk, then they save nothing more (with `none` at N = 4:
+    # the fused MLP holds 4f per token, docs/cost_model.md section 11) and never cost memory.
     base = replace(BASE, checkpointing=policy, loss_chunks=64)
-    prev = _est(base)
+    untiled = prev = _est(base)
     for chunks in (2, 4, 8):
         cur = _est(replace(base, mlp_chunks=chunks))
-        assert cur.memory.activations < prev.memory.activations
-        assert cur.memory.total < prev.memory.total
+        assert cur.memory.activations <= prev.memory.activations
+        assert cur.memory.total <= prev.memory.total
         assert cur.time.step > prev.time.step
         prev = cur
+    assert prev.memory.activations < untiled.memory.activations and prev.memory.total < untiled.memory.total
 
 
 def test_peak_is_the_larger_of_loss_and_layer_phases():

@@ -110,12 +110,20 @@ def test_tiny_llama_profile_is_clean(llama):
 
 EXACT = ("n_params", "layer_params", "layer_small_params", "other_small_params", "largest_other_params",
          "layer_matmul", "mlp_matmul", "head_matmul", "qproj_matmul", "attn_width", "matmul_bwd_factor",
-         "attn_bwd_factor", "mlp_inner", "mlp_grads", "logits", "loss_peak", "loss_hidden_grad")
+         "attn_bwd_factor", "logits", "loss_peak", "loss_hidden_grad")
 
 
 @pytest.mark.parametrize("field", EXACT)
 def test_tiny_llama_exact_fields(llama, llama_analytic, field):
     assert getattr(llama, field) == getattr(llama_analytic, field)
+
+
+def test_tiny_llama_mlp_backward_eager_against_fused(llama, llama_analytic):
+    """The eager trace's MLP backward holds gate, SiLU, up and product (4f) and three gradients (3f); the
+    analytic model prices the compiled, fused SwiGLU (docs/cost_model.md section 11): gate, up and the down
+    projection's input (3f) and one gradient (f), the gate/up gradients overwriting their inputs."""
+    assert llama.mlp_inner == Elems(4 * F) and llama.mlp_grads == Elems(3 * F)
+    assert llama_analytic.mlp_inner == Elems(3 * F) and llama_analytic.mlp_grads == Elems(F)
 
 
 def test_tiny_llama_kept_sets_per_policy(llama, llama_analytic):
@@ -126,7 +134,8 @@ def test_tiny_llama_kept_sets_per_policy(llama, llama_analytic):
     g, a = llama, llama_analytic
     for i, policy in enumerate(CHECKPOINTING_POLICIES):
         assert g.kept_mlp[i] == a.kept_mlp[i], policy
-        assert g.mlp_live[i] == a.mlp_live[i], policy
+        # eager recomputes SiLU as a tensor of its own; the fused kernel recomputes it in registers
+        assert g.mlp_live[i] == a.mlp_live[i] + (Elems(F) if policy != "none" else Elems()), policy
         if policy == "none":
             assert g.kept_attn[i] == a.kept_attn[i] + Elems(0, 0, 8 * H)
         else:
@@ -134,8 +143,8 @@ def test_tiny_llama_kept_sets_per_policy(llama, llama_analytic):
 
 
 def test_tiny_llama_recompute_and_working_set(llama, llama_analytic):
-    """Backward working set (docs/graph_profile.md, "Backward working set"): the MLP phase's gradients
-    are exactly the analytic 3f; the gradient alive with them is the incoming h (the analytic model
+    """Backward working set (docs/graph_profile.md, "Backward working set"): the eager MLP phase's gradients
+    are 3f (the fused analytic model: f); the gradient alive with them is the incoming h (the analytic model
     books 2h); recomputed norms bring HF's extra bf16 pre-weight tensor (h) and the fp32 copies."""
     g, a = llama, llama_analytic
     assert g.mlp_phase_grads == Elems(H) and a.mlp_phase_grads == Elems(2 * H)
@@ -173,7 +182,7 @@ def test_tiny_llama_pointwise_traffic_within_band(llama, llama_analytic):
 
 def test_estimate_with_the_graph_profile(llama, llama_path, llama_analytic):
     """The cost model runs on the graph profile; against the analytic profile: step time within 5%,
-    total memory within 10% (the eager norms' extra bytes), at every policy."""
+    total memory within 15% (the eager norms' extra bytes and the unfused MLP backward), at every policy."""
     spec = model_from_hf_config(llama_path)
     hw = resolve_hardware("h100x8")
     work = Workload(seq_len=65_536)
@@ -183,7 +192,7 @@ def test_estimate_with_the_graph_profile(llama, llama_path, llama_analytic):
             g = estimate(spec, hw, work, cand, profile=llama)
             a = estimate(spec, hw, work, cand, profile=llama_analytic)
             assert g.time.step == pytest.approx(a.time.step, rel=0.05), cand.short()
-            assert g.memory.total == pytest.approx(a.memory.total, rel=0.10), cand.short()
+            assert g.memory.total == pytest.approx(a.memory.total, rel=0.15), cand.short()
             assert g.memory.total >= a.memory.total * 0.999   # eager keeps more, never less
     # the analytic profile passed explicitly is the default
     cand = Candidate(sp=8, zero_stage=2, checkpointing="selective")

@@ -1,0 +1,37 @@
+"""The cost model against ALST's published H100 runs (studies/published_gpu.py, docs/cost_model.md section 11):
+every run that ran is predicted to fit, and from 1M tokens its iteration time within 10% of the published one."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.append(str(next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())))
+
+from studies import published_gpu as study  # noqa: E402
+
+
+@pytest.mark.parametrize("run", study.RUNS, ids=lambda r: f"{r.hardware}-{r.seq_len}")
+def test_published_run_fits_and_long_runs_take_the_published_time(run):
+    cand, est = study.price(run)
+    assert est.fits, (cand.short(), est.memory.total / 2**30)
+    # the pinned knobs are the recipe's
+    assert (cand.sp, cand.zero_stage, cand.checkpointing, cand.offload_optimizer) == (run.sp, 3, "full", True)
+    assert cand.offload_activations == run.offload_activations and cand.offload_param == run.offload_param
+    assert (cand.mlp_chunks > 1) == run.mlp_tiled and (cand.loss_chunks > 1) == run.loss_tiled
+    if run.seq_len >= study.LONG_ROW:
+        assert est.time.step / run.published_s == pytest.approx(1.0, abs=study.TIME_TARGET)
+
+
+def test_results_file_keeps_one_section_per_label(tmp_path):
+    path = tmp_path / "published.txt"
+    study.write_section("a", "## a\n\nfirst\n", path)
+    study.write_section("b", "## b\n\nsecond\n", path)
+    study.write_section("a", "## a\n\nagain\n", path)
+    text = path.read_text()
+    assert text.startswith("# ") and text.count("## a") == 1 and "again" in text and "first" not in text
+    assert text.index("## a") < text.index("## b")
+
+
+def test_hms():
+    assert study.hms("1:47:35") == 6455 and study.hms("2:03") == 123 and study.hms("17") == 17
