@@ -38,6 +38,9 @@ class Shapes:
       U / n_kv times before the all-to-all so every rank gets the KV head its query heads use; the ring
       needs no copies); ``kv_copies`` = k_eff / k.
     - ``e``: bytes per activation/parameter element (2 for bf16, 4 for fp32).
+    - ``doc_lens``: the workload's packed-document histogram (empty: unpacked); ``window``, ``windowed``: the
+      model's sliding window and how many of its layers use it (0, 0: all global). Attention FLOPs and time
+      follow them (cost_models/documents.py); nothing per token does.
     - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
       (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
       widths, heads and parameter counts below are the profile's.
@@ -46,7 +49,7 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params")
+                 "attn_width", "qproj_params", "doc_lens", "window", "windowed")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -84,6 +87,9 @@ class Shapes:
         self.dense_params = prof.n_layers * prof.layer_matmul + prof.head_matmul
         self.qproj_params = prof.qproj_matmul
         self.attn_width = prof.attn_width
+        self.doc_lens = workload.doc_lens
+        self.window = model.sliding_window
+        self.windowed = min(model.windowed_layers, prof.n_layers)
         # parameter counts (model states, ZeRO-3 gathering)
         self.lm_head_params = prof.largest_other_params
         self.layer_params = prof.layer_params

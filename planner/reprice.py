@@ -61,7 +61,8 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                        allow_cross_node_sp=bool(overrides["allow_cross_node_sp"]
                                                 if overrides.get("allow_cross_node_sp") is not None
                                                 else art.search.get("allow_cross_node_sp")),
-                       search=search, trials=trials, seed=seed)
+                       search=search, trials=trials, seed=seed,
+                       doc_lens=art.workload.doc_lens or None)
 
 
 def resolve_target(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> ResolvedRequest:
