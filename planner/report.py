@@ -104,7 +104,7 @@ def attention_line(att: dict | None, times: str = "x") -> str:
     if att.get("sliding_window"):
         layers = att.get("windowed_layers", 0)
         scope = "every layer" if layers == att.get("layers") else f"{layers} of {att.get('layers')} layers"
-        what.append(f"a {format_tokens(att['sliding_window'])}-token sliding window on {scope}")
+        what.append(f"a {att['sliding_window']:,}-token sliding window on {scope}")
     if not what:
         return ""
     pct = 100 * att["fraction"]
