@@ -159,12 +159,14 @@ def attention_pricing(doc_lens: tuple, S: int, S_pad: int, window: int, R: int, 
 
     Unpacked (``doc_lens`` empty), the sequence is one document of S_pad tokens (pad tokens are computed
     like real ones, as without windows). Ulysses (R = 1): work = E[sum of piece work] / S^2 and the kernels
-    run per document. Ring: zigzag shards S_pad into 2R chunks of c; a share phi of the work lies inside the
-    chunks (the same stream model with cells of c), the rest (pairs of tokens of one document in different
-    chunks) is spread evenly over the 2R - 1 off-diagonal c x c block slots a rank holds (one at step 0,
-    two at every other step), as causal attention's blocks are. Step 0 runs its in-chunk pieces per
-    document and its one off-diagonal slot at the off-diagonal speed; every other step two slots.
-    Unpacked and unwindowed, this is today's exact pricing: (1, (1/R/diag, 1/R/off, ...)).
+    run per document. Ring: zigzag gives each rank two chunks of c = S_pad / 2R tokens; step 0 (its own
+    K/V) is priced as the same stream model over cells of 2c tokens, per document (as if its two chunks
+    were adjacent: a window between them is counted as if they were); the rest of the work (pairs of
+    tokens of one document in different ranks' chunks) is spread evenly over the 2(R - 1) off-diagonal
+    c x c blocks a rank computes in steps 1 .. R-1, as causal attention's blocks are, at the off-diagonal
+    speed. A document covering the sequence gives exactly the unpacked ring pricing (step 0: a causal
+    kernel over 2c tokens = 1/(R diag)); unpacked and unwindowed returns it without computing:
+    (1, (1/(R diag), 1/(R off), ...)).
     """
     if not doc_lens and window <= 0:
         if R == 1:
@@ -177,16 +179,16 @@ def attention_pricing(doc_lens: tuple, S: int, S_pad: int, window: int, R: int, 
     work = a / (seq * seq)
     if R == 1:
         return Pricing(work, ((a + half * b) / unit_time,))
-    c = S_pad // (2 * R)
-    ca, cb = cell_moments(lens, c, window)
-    chunks = seq / c                               # chunks per sequence
-    inside_a, inside_t = chunks * ca, chunks * (ca + half * cb)
-    if inside_a > a:                               # the c-grid and S-grid streams differ by the padding
+    own = S_pad // R                               # the rank's two zigzag chunks, 2c tokens
+    oa, ob = cell_moments(lens, own, window)
+    cells = seq / own
+    inside_a, inside_t = cells * oa, cells * (oa + half * ob)
+    if inside_a > a:                               # the 2c-grid and S-grid streams differ by the padding
         inside_t, inside_a = inside_t * a / inside_a, a
-    cross = (a - inside_a) / (seq * seq)           # work between chunks, as a share of the triangle
-    # per rank (in units of its 1/R share of the triangle's time): its two chunks hold 1/R of the in-chunk
-    # work, and 2R - 1 of the R (2R - 1) off-diagonal block slots
-    slot = cross / (2 * R - 1)
-    step0 = inside_t / unit_time + slot / off
-    rest = 2.0 * slot / off
+    cross = (a - inside_a) / (seq * seq)           # work between ranks' chunks, as a share of the triangle
+    # per rank, in units of its 1/R share of the triangle's time: its own 2c tokens hold 1/R of the step-0
+    # work, run per document; the rest is spread over the 2(R - 1) off-diagonal c x c block slots it computes
+    # in steps 1 .. R-1 (R(2R - 2) slots over the ring), at the off-diagonal speed
+    step0 = inside_t / unit_time
+    rest = 2.0 * cross / (2 * (R - 1)) / off
     return Pricing(work, (step0,) + (rest,) * (R - 1))

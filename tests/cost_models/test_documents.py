@@ -146,6 +146,9 @@ def test_ring_unpacked_is_todays_pricing():
         work, steps = ring.attention_steps(sh)
         assert work == 1.0 and len(steps) == R
         assert ring.compute_factor(sh) == pytest.approx((1 / diag + (R - 1) / off) / R, rel=1e-12)
+        # one document per sequence, priced through the document path, is the same ring
+        one = Shapes(LLAMA, Workload(65_536, doc_lens=((65_536, 1),)), Candidate(sp=8, ring=R))
+        assert ring.attention_steps(one) == (1.0, pytest.approx(steps, rel=1e-12))
 
 
 def test_ring_with_short_documents_does_its_work_at_step_zero():
