@@ -87,6 +87,9 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         measure = MeasureOptions(k=measure) if measure else None
     if measure is not None and objective != "throughput":
         raise UsageError("--measure works with --objective throughput")
+    if measure is not None and request.documents():
+        raise UsageError("--measure trains on unpacked random tokens, so it cannot measure packed documents; plan "
+                         "without --measure, or measure without --doc-lens/--mean-doc-len")
     trials = request.effective_trials(shared=storage is not None)
     collect_only = trials == 0
     resolved = resolve(request)

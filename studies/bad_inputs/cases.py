@@ -192,6 +192,7 @@ CASES: list[Case] = [
     _c(PLAN, f"{M} --mean-doc-len 0", 2, "--mean-doc-len must be positive"),
     _c(PLAN, f"{M} --mean-doc-len 16q", 2, "--mean-doc-len: unknown suffix"),
     _c(PLAN, f"{M} --mean-doc-len 1.5", 2, "is not a whole number"),
+    _c(PLAN, f"{M} --mean-doc-len 4k --measure 2", 2, "cannot measure packed documents"),
     _c(PLAN, f"{M} --objective fast", 2, "invalid choice"),
     _c(PLAN, f"{M} --search random", 2, "invalid choice"),
     _c(PLAN, f"{M} --dtype fp16", 2, "invalid choice"),
