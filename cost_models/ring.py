@@ -93,16 +93,20 @@ def attention_steps(sh: Shapes) -> tuple[float, tuple]:
     whole-sequence kernel speed (cost_models/documents.py). Unpacked, unwindowed: (1, (1,)) without a ring,
     (1, (1/(R diag), 1/(R off), ...)) with one -- step 0 at the diagonal speed, the others off-diagonal.
     A window at least S_pad long changes nothing."""
+    if sh.attention is not None:
+        return sh.attention
     diag, off = block_speeds(sh)
     window = sh.window if 0 < sh.window < sh.S_pad and sh.windowed else 0
     full = documents.attention_pricing(sh.doc_lens, sh.S, sh.S_pad, 0, sh.R, diag, off, CAUSAL_HALF_TOKENS)
     if not window:
-        return full.work, full.steps
+        sh.attention = (full.work, full.steps)
+        return sh.attention
     local = documents.attention_pricing(sh.doc_lens, sh.S, sh.S_pad, window, sh.R, diag, off, CAUSAL_HALF_TOKENS)
     n_local, n_full = sh.windowed, sh.L - sh.windowed
     work = (n_full * full.work + n_local * local.work) / sh.L
     steps = tuple((n_full * f + n_local * w) / sh.L for f, w in zip(full.steps, local.steps))
-    return work, steps
+    sh.attention = (work, steps)
+    return sh.attention
 
 
 def compute_factor(sh: Shapes) -> float:

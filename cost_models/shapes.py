@@ -49,7 +49,7 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params", "doc_lens", "window", "windowed")
+                 "attn_width", "qproj_params", "doc_lens", "window", "windowed", "attention")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -90,6 +90,7 @@ class Shapes:
         self.doc_lens = workload.doc_lens
         self.window = model.sliding_window
         self.windowed = min(model.windowed_layers, prof.n_layers)
+        self.attention = None  # (work, ring steps), computed once by ring.attention_steps
         # parameter counts (model states, ZeRO-3 gathering)
         self.lm_head_params = prof.largest_other_params
         self.layer_params = prof.layer_params
