@@ -122,6 +122,40 @@ def _leaf_block_names(model) -> list[str]:
     return names
 
 
+def _parameter_layers(model) -> dict:
+    """{id(parameter): index of the decoder layer it belongs to}: the list index of the repeated block (a
+    child of an ``nn.ModuleList``) holding it. Lets a pass name the layer of a ZeRO-3 layer graph."""
+    out = {}
+    for name in _leaf_block_names(model):
+        index = name.rsplit(".", 1)[-1]
+        if index.isdigit():
+            for param in model.get_submodule(name).parameters():
+                out[id(param)] = int(index)
+    return out
+
+
+_WINDOW_TYPES: dict = {}
+
+
+def _distinct_window_layer_types(model, windows) -> None:
+    """ZeRO-3 compiles each decoder layer from the layer's own frame, and Dynamo reuses one compiled layer
+    graph for every layer of the same class: a windowed layer would run a global layer's attention (the
+    window is a constant of the graph, and Hugging Face's window attribute is not guarded). Giving the
+    windowed layers a subclass per window (same name, no new behaviour) makes Dynamo's type guard compile
+    them apart."""
+    for name in _leaf_block_names(model):
+        index = name.rsplit(".", 1)[-1]
+        if not index.isdigit() or int(index) >= len(windows) or windows[int(index)] is None:
+            continue
+        layer = model.get_submodule(name)
+        base = type(layer)
+        key = (base, windows[int(index)])
+        if key not in _WINDOW_TYPES:
+            _WINDOW_TYPES[key] = type(base.__name__, (base,), {"__module__": base.__module__,
+                                                               "__qualname__": base.__qualname__})
+        layer.__class__ = _WINDOW_TYPES[key]
+
+
 def _keep_zero3_hooks_eager(model) -> None:
     """Make every module hook DeepSpeed's ZeRO-3 registered opaque to Dynamo.
 
@@ -145,7 +179,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None, gradient_clipping: float | None = None):
+                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -178,6 +212,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             CUDA, gloo otherwise).
         z3_leaf_modules: ZeRO-3 only: module names gathered as one unit and traced as one graph (default:
             the children of every ``nn.ModuleList``).
+        packed: the batches hold packed documents (``position_ids`` restarting at 0, or ``seq_lens`` /
+            ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
+            when the first batch is packed or the model has sliding-window layers (read from its config).
     """
     import torch
     import torch.distributed as dist
@@ -188,6 +225,10 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
+    from autosp.compiler.windows import layer_windows, refuse_softcapping
+
+    refuse_softcapping(getattr(model, "config", None))
+    windows = layer_windows(getattr(model, "config", None))
 
     import deepspeed
 
@@ -241,6 +282,15 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                     ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
                     ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
+    ctx.layer_windows = windows
+    if windows and len(set(windows)) > 1:
+        ctx.param_layers = _parameter_layers(ds_engine.module)
+        if ctx.fragments:
+            _distinct_window_layer_types(ds_engine.module, windows)
+    if packed or windows:
+        from autosp.compiler.runtime import rule_key
+
+        ctx.rule = rule_key(ctx)
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.

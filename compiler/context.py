@@ -49,11 +49,23 @@ class SPContext:
     ring_size: int = 1            # 2-D SP: ring attention over ring_size ranks, all-to-alls over sp_size // ring_size
     ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring_size == sp_size)
     ring_group: str | None = None     # group of ring attention (ring_size > 1)
+    # Packed documents / sliding windows (attention/documents.py, attention/local.py): ``rule`` is the key under
+    # which the runtime publishes each call's documents; non-empty: every attention becomes a span-restricted
+    # op (span_attention after Ulysses, ring_attention with the rule). ``layer_windows``: per decoder layer,
+    # its sliding window in tokens or None (global); None: no layer has one.
+    rule: str = ""
+    layer_windows: tuple | None = None
+    param_layers: dict = field(default_factory=dict)  # id(parameter) -> its decoder layer (ZeRO-3 fragments)
     stats: PassStats = field(default_factory=PassStats)
 
     def __post_init__(self):
         if self.ulysses_group is None and self.ring_size == 1:
             self.ulysses_group = self.sp_group
+
+    @property
+    def windows(self) -> frozenset:
+        """The distinct sliding windows of the model's layers."""
+        return frozenset(w for w in self.layer_windows or () if w is not None)
 
     @property
     def ulysses_size(self) -> int:

@@ -6,6 +6,12 @@
     engine.backward(loss)
     engine.step()
 
+Packed documents: ``engine(input_ids=ids, labels=labels, position_ids=pos)`` with ``pos`` restarting at 0
+for every document (Hugging Face's ``DataCollatorWithFlattening``), or ``seq_lens=`` / ``cu_seq_lens=``
+instead of ``pos``; each document trains causally on its own (:mod:`autosp.compiler.attention.documents`).
+The engine compiles its attention as span-restricted ops ("span mode") when ``autosp.compile(...,
+packed=True)`` was given, when the model has sliding-window layers, or when its first batch is packed.
+
 Each call shards the batch for this rank (:mod:`autosp.compiler.inputs`), records the lengths the passes
 need in the :class:`~autosp.compiler.context.SPContext`, and calls the DeepSpeed engine, whose module
 was compiled with the autosp backend (:mod:`autosp.compiler.backend`) by ``DeepSpeedEngine.compile``.
@@ -45,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from autosp.compiler import ops
+from autosp.compiler.attention.documents import publish
 from autosp.compiler.context import SPContext
 from autosp.compiler.inputs import LocalBatch, shard_batch
 from autosp.errors import AutospError, UsageError
@@ -114,17 +121,9 @@ def _extract_loss(out) -> torch.Tensor:
     return loss
 
 
-def _sliding_window(module) -> int | None:
-    config = getattr(module, "config", None)
-    if config is None:
-        return None
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return int(window)
+def rule_key(ctx: SPContext) -> str:
+    """The key an engine publishes its batches' documents under (one per engine in the process)."""
+    return f"engine-{id(ctx):x}"
 
 
 class SPEngine:
@@ -150,7 +149,6 @@ class SPEngine:
         # when there is a ring
         all_to_all = [("all_to_all", "all-to-all")] if layout.ulysses > 1 or layout.ring == 1 else []
         self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if layout.ring > 1 else [])
-        self._window = _sliding_window(ds_engine.module)
 
     # -- accessors --------------------------------------------------------------------------------
     @property
@@ -182,7 +180,8 @@ class SPEngine:
         return self
 
     # -- one step ---------------------------------------------------------------------------------
-    def shard(self, input_ids, labels, attention_mask=None, position_ids=None) -> LocalBatch:
+    def shard(self, input_ids, labels, attention_mask=None, position_ids=None, seq_lens=None,
+              cu_seq_lens=None) -> LocalBatch:
         """This rank's inputs for a full batch (what ``__call__`` feeds the compiled model)."""
         make_positions = self.ctx.fragments and position_ids is None
         if make_positions and not self._accepts_position_ids:
@@ -191,27 +190,43 @@ class SPEngine:
                            dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
                            ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
                            pad_to_multiple_of=self.pad_to_multiple_of, micro_batch=self.candidate.micro_batch,
-                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring)
+                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring,
+                           seq_lens=seq_lens, cu_seq_lens=cu_seq_lens)
 
-    def __call__(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, **kwargs) -> torch.Tensor:
+    def _documents(self, batch: LocalBatch) -> None:
+        """Publish this call's packed documents for the attention ops (span mode), switching span mode on
+        when the first call of an engine is packed."""
+        if batch.documents is not None and not self.ctx.rule:
+            if self.ctx.stats.graphs:
+                raise UsageError("packed documents (position_ids restarting at 0, or seq_lens) reached an engine "
+                                 "whose graphs were compiled for one sequence per row; pass packed=True to "
+                                 "autosp.compile (or make the first batch packed)")
+            self.ctx.rule = rule_key(self.ctx)
+        if self.ctx.rule:
+            publish(self.ctx.rule, batch.documents)
+
+    def __call__(self, input_ids=None, labels=None, attention_mask=None, position_ids=None, seq_lens=None,
+                 cu_seq_lens=None, **kwargs) -> torch.Tensor:
         if input_ids is None or labels is None:
             raise UsageError("the engine trains: pass input_ids and labels (the full batch, on every rank)")
         if position_ids is not None and not self._accepts_position_ids:
             raise UsageError("position_ids were given but the model's forward does not accept them")
-        batch = self.shard(input_ids, labels, attention_mask, position_ids)
-        if self._window is not None and batch.seq_len > self._window:
-            raise UsageError(f"the model uses sliding-window attention ({self._window} tokens) and the sequence has "
-                             f"{batch.seq_len}: sliding windows are not supported with sequence parallelism")
+        if (seq_lens is not None or cu_seq_lens is not None) and not self._accepts_position_ids:
+            raise UsageError("packed documents (seq_lens / cu_seq_lens) need a model whose forward accepts "
+                             "position_ids (each document's positions restart at 0)")
+        batch = self.shard(input_ids, labels, attention_mask, position_ids, seq_lens, cu_seq_lens)
+        self._documents(batch)
         self.ctx.local_len, self.ctx.global_len = batch.local_len, batch.global_len
         self.ctx.positions_from_runtime = batch.position_ids is not None
         inputs = {"input_ids": batch.input_ids, "labels": batch.labels}
         if batch.position_ids is not None:
             inputs["position_ids"] = batch.position_ids
-            if len(batch.spans) > 1 and self._accepts_attention_mask:
-                # A zigzag shard's positions jump once; without an attention_mask Hugging Face reads a jump
-                # in position_ids as packed documents and builds a block-diagonal mask. An all-ones padding
-                # mask says "one sequence per row": the mask is then the plain causal one over the rank's
-                # rows (which are in increasing order), verified and removed by the mask pass.
+            if (len(batch.spans) > 1 or self.ctx.rule) and self._accepts_attention_mask:
+                # A zigzag shard's positions jump once, packed documents' restart; without an attention_mask
+                # Hugging Face reads a jump in position_ids as packed documents and builds a block-diagonal
+                # mask. An all-ones padding mask says "one sequence per row": the mask is then the plain
+                # causal (or sliding-window) one over the rank's rows (which are in increasing order),
+                # verified and removed by the mask pass; the documents reach the attention ops instead.
                 inputs["attention_mask"] = torch.ones_like(batch.input_ids)
         if self._accepts_use_cache and "use_cache" not in kwargs:
             inputs["use_cache"] = False

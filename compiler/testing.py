@@ -61,12 +61,35 @@ def _loss(out):
     return out if isinstance(out, torch.Tensor) else (out.loss if hasattr(out, "loss") else out[0])
 
 
+def packed_loss(model, batch, ignore_index: int = -100) -> torch.Tensor:
+    """The loss of a packed batch computed the slow, obviously right way: every document of every row run
+    through ``model`` on its own (positions from 0, no neighbours), each document's mean loss weighted by
+    its number of targets, summed and divided by the batch's targets. Documents come from the batch's
+    ``position_ids``, ``seq_lens`` or ``cu_seq_lens`` (:mod:`autosp.compiler.attention.documents`)."""
+    from autosp.compiler.inputs import shard_batch
+
+    ids, labels = batch["input_ids"], batch["labels"]
+    docs = shard_batch(ids, labels, sp=1, sp_rank=0, dp=1, dp_rank=0, position_ids=batch.get("position_ids"),
+                       seq_lens=batch.get("seq_lens"), cu_seq_lens=batch.get("cu_seq_lens")).documents
+    total, count = None, 0
+    for row in range(ids.shape[0]):
+        for a, b in (docs[row] if docs is not None else [(0, ids.shape[1])]):
+            targets = int((labels[row, a + 1:b] != ignore_index).sum())
+            if targets == 0:  # a document without targets adds nothing (and its mean would be 0 / 0)
+                continue
+            term = _loss(model(input_ids=ids[row:row + 1, a:b], labels=labels[row:row + 1, a:b])) * targets
+            total = term if total is None else total + term
+            count += targets
+    return total / count
+
+
 def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: int = 1,
-                  gradient_clipping: float | None = None) -> dict:
+                  gradient_clipping: float | None = None, loss_fn=None) -> dict:
     """One process, full sequences: losses per micro-step, grads of the first optimizer step (the mean over
     its ``grad_accum`` micro-batches, as DeepSpeed accumulates; before clipping), weights after the last
     step. Gradients are clipped to the global norm ``gradient_clipping`` before each step, as DeepSpeed
-    does with the config ``autosp.compile`` builds (None: its default, 0: no clipping)."""
+    does with the config ``autosp.compile`` builds (None: its default, 0: no clipping). ``loss_fn(model,
+    batch)``: how to get a batch's loss (default: the model's own; :func:`packed_loss` for packed batches)."""
     from autosp.cost_models.deepspeed_config import GRADIENT_CLIPPING
 
     clip = GRADIENT_CLIPPING if gradient_clipping is None else gradient_clipping
@@ -76,7 +99,7 @@ def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: i
     losses, grads, grad_norm = [], None, None
     optimizer.zero_grad(set_to_none=True)
     for i, batch in enumerate(batches):
-        loss = _loss(model(**batch, **(model_kwargs or {})))
+        loss = loss_fn(model, batch) if loss_fn is not None else _loss(model(**batch, **(model_kwargs or {})))
         (loss / grad_accum).backward()
         losses.append(loss.item())
         if (i + 1) % grad_accum == 0:
@@ -178,5 +201,5 @@ def capture_graph(fn, *args, **kwargs):
     return box["gm"], box["inputs"]
 
 
-__all__ = ["capture_graph", "compare", "free_port", "full_grad", "full_weight", "reference_run", "rel_err",
+__all__ = ["capture_graph", "compare", "free_port", "full_grad", "full_weight", "packed_loss", "reference_run", "rel_err",
            "run_cases", "sp_run", "spawn"]

@@ -28,6 +28,12 @@ tensor) or ``.bin`` (raw uint16 tokens, the nanoGPT format; ``--data-dtype`` for
 takes dp x micro_batch windows of ``--ctx`` tokens at seeded random offsets; every rank reads the same
 full batch and the engine keeps its shard. Labels are the input ids (the model shifts them).
 
+Packed documents: ``--doc-sep ID`` (or ``--doc-sep eos``: the Hugging Face config's ``eos_token_id``) says
+the token file is documents each ended by that separator; every sequence of ``--ctx`` tokens then starts at
+a document start and packs the documents that follow with Hugging Face's ``position_ids`` (restarting at 0
+per document) and labels (-100 at each document's first token), and the engine trains every document on
+its own (attention never crosses a document): :mod:`autosp.compiler.packing`.
+
 The plan's SP degree (Ulysses x ring), DP degree, ZeRO stage, micro-batch, gradient accumulation and optimizer
 offload are applied; ``--sp`` (and ``--ring``, ``--zero``, ``--micro-batch``, ``--grad-accum``) make a plan by
 hand. Output: one line per optimizer step on rank 0 (``--log-json`` also writes them as JSON lines).
@@ -84,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
     run.add_argument("--data", default="synthetic", help="'synthetic' or a token file (.npy, .pt, .bin)")
     run.add_argument("--data-dtype", default="uint16", help="element type of a .bin token file (default uint16)")
+    run.add_argument("--doc-sep", metavar="ID|eos",
+                     help="the token file holds documents ended by this separator id ('eos': the Hugging Face "
+                          "config's eos_token_id): pack them into --ctx sequences, each document trained on its own")
     run.add_argument("--dtype", choices=("bf16", "fp32"), help="default: the plan's (bf16 without a plan on GPU, "
                                                                 "fp32 on CPU)")
     run.add_argument("--backend", choices=("inductor", "aot_eager"), default="inductor")
@@ -216,6 +225,13 @@ def _preflight(args, argv):
     tokens = None
     if args.data != "synthetic":
         tokens = preflight.open_tokens(args.data, args.data_dtype, facts.spec.vocab, seq)
+    if args.doc_sep is not None:
+        from autosp.compiler import packing
+
+        if tokens is None:
+            raise UsageError("--doc-sep packs the documents of a token file: give --data FILE")
+        args.separators = packing.separators(args.doc_sep, facts.hf_config, facts.spec.vocab)
+        packing.check_separators(tokens, args.data, args.separators)
     return launch, plan, candidate, facts, seq, tokens
 
 
@@ -268,21 +284,28 @@ def main(argv=None) -> int:
     if plan is None:
         options.update(sp_size=args.sp, ring_size=args.ring, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
                        grad_accum=args.grad_accum)
-    engine = compile_model(model, plan=plan, **options)
+    packed = args.doc_sep is not None
+    engine = compile_model(model, plan=plan, packed=packed, **options)
     c = engine.candidate
-    data = TokenSource(tokens, vocab, seq, args.seed, torch)
+    if packed:
+        from autosp.compiler.packing import PackedTokenSource
+
+        data = PackedTokenSource(tokens, seq, args.seed, args.separators, torch)
+    else:
+        data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
     records = []
     if rank == 0:
-        print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} sequences per micro-step, "
+        print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} "
+              f"{'packed ' if packed else ''}sequences per micro-step, "
               f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}",
               flush=True)
     for step in range(args.steps):
         start = time.perf_counter()
         losses = []
         for micro in range(c.grad_accum):
-            ids = data.batch(step * c.grad_accum + micro, rows)
-            loss = engine(input_ids=ids, labels=ids)
+            batch = data.batch(step * c.grad_accum + micro, rows)
+            loss = engine(**batch) if packed else engine(input_ids=batch, labels=batch)
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())

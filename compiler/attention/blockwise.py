@@ -11,7 +11,8 @@ key/value chunks j <= i, merged by log-sum-exp, chunks possibly kept in host mem
   (the query block) and dk, dv (the key/value block).
 
 Neither builds a mask nor any n x m tensor outside the SDPA kernels; a block pair that does not attend
-(every key after every query) runs no kernel at all. q [B, Hq, n, d], k and v [B, Hkv, m, d].
+(every key after every query) runs no kernel at all. A mirrored piece (a sliding window's far edge) runs
+the causal kernel on its rows reversed. q [B, Hq, n, d], k and v [B, Hkv, m, d].
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_spans, k_
     (the accumulators of the key blocks seen before) when given. Rows that see no key keep lse -inf."""
     out, lse = into if into is not None else empty_accumulators(q, v.shape[-1])
     for p in attention_pieces(q_spans, k_spans) if pieces is None else pieces:
-        o, l = sdpa_with_lse(q[:, :, p.q], k[:, :, p.k], v[:, :, p.k], p.causal, scale)
+        if p.mirrored:  # row i attends key rows >= i: the causal kernel on both row orders reversed
+            o, l = sdpa_with_lse(*(t[:, :, s].flip(2) for t, s in ((q, p.q), (k, p.k), (v, p.k))), True, scale)
+            o, l = o.flip(2), l.flip(-1)
+        else:
+            o, l = sdpa_with_lse(q[:, :, p.q], k[:, :, p.k], v[:, :, p.k], p.causal, scale)
         merge_into(out, lse, o, l, p.q)
     return out, lse
 
@@ -45,8 +50,12 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     dq, dk, dv = into
     for p in attention_pieces(q_spans, k_spans) if pieces is None else pieces:
         rows, cols = p.q, p.k
-        gq, gk, gv = sdpa_with_lse_backward(dout[:, :, rows], q[:, :, rows], k[:, :, cols], v[:, :, cols],
-                                            out[:, :, rows], lse[:, :, rows], p.causal, scale)
+        args = (dout[:, :, rows], q[:, :, rows], k[:, :, cols], v[:, :, cols], out[:, :, rows], lse[:, :, rows])
+        if p.mirrored:  # as in the forward: reversed rows, causal kernel, gradients reversed back
+            gq, gk, gv = (g.flip(2) for g in sdpa_with_lse_backward(*(t.flip(2) for t in args[:5]),
+                                                                    args[5].flip(-1), True, scale))
+        else:
+            gq, gk, gv = sdpa_with_lse_backward(*args, p.causal, scale)
         dq[:, :, rows] += gq
         dk[:, :, cols] += gk
         dv[:, :, cols] += gv

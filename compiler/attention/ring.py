@@ -1,7 +1,9 @@
 """Ring attention over the ring process group, as custom ops with autograd.
 
-``autosp_ops::ring_attention(q, k, v, scale, group, ranges) -> (out, lse)``: causal attention of this
-ring position's query block over the key/value blocks of every ring position. q [B, Hq, n, d], k and v
+``autosp_ops::ring_attention(q, k, v, scale, group, ranges, rule="", window=0) -> (out, lse)``: causal
+attention of this ring position's query block over the key/value blocks of every ring position; with
+``rule`` (an engine's published packed documents, :mod:`.documents`) only within each document, with
+``window`` > 0 only over the last ``window`` tokens (:mod:`.pieces`: documents cross ring blocks freely). q [B, Hq, n, d], k and v
 [B, Hkv, n, d] (grouped-query: Hq a multiple of Hkv, any Hkv including 1); ``ranges`` the global token
 spans each ring position's block holds (:func:`~autosp.compiler.attention.layout.flat_ranges`), so the
 op knows, for every (query block, key block) pair, which pieces attend (full, causal diagonal, or
@@ -41,10 +43,9 @@ import torch
 import torch.distributed as dist
 
 from autosp.compiler import ops
-from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.layout import unflatten_ranges
+from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
-from autosp.compiler.attention.pieces import attention_pieces
 
 _KV_TAG, _DKV_TAG = 71, 72  # distinct tags: the k/v and dK/dV transfers between the same two ranks overlap
 
@@ -94,9 +95,10 @@ def _setup(q, k, group, ranges):
 
 @torch.library.custom_op("autosp_ops::ring_attention", mutates_args=())
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, group: str,
-                   ranges: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                   ranges: list[int], rule: str = "", window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
+    documents = rule_documents(rule, q.shape[0])
     acc = empty_accumulators(q, v.shape[-1])
     k, v = k.contiguous(), v.contiguous()
     held = _pack(k, v)
@@ -104,8 +106,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         source = (rank - step) % size
         transfer = _Transfer(held, pg, _KV_TAG) if step + 1 < size else None  # next block, under this attention
         block_k, block_v = _unpack(held, (k, v))
-        block_forward(q, block_k, block_v, spans[rank], spans[source], scale, into=acc,
-                      pieces=attention_pieces(spans[rank], spans[source]))
+        rows_forward(q, block_k, block_v, spans[rank], spans[source], scale, documents, window, acc)
         if transfer is not None:
             held = transfer.wait()
     out, lse = acc
@@ -113,16 +114,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 
 
 @ring_attention.register_fake
-def _ring_attention_fake(q, k, v, scale, group, ranges):
+def _ring_attention_fake(q, k, v, scale, group, ranges, rule="", window=0):
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("autosp_ops::ring_attention_backward", mutates_args=())
 def ring_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                            lse: torch.Tensor, scale: float | None, group: str,
-                            ranges: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            lse: torch.Tensor, scale: float | None, group: str, ranges: list[int], rule: str = "",
+                            window: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention_backward"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
+    documents = rule_documents(rule, q.shape[0])
     dout = dout.contiguous()
     k, v = k.contiguous(), v.contiguous()
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
@@ -135,8 +137,8 @@ def ring_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
         block_k, block_v = _unpack(held, (k, v))
         dk = torch.zeros_like(f32[0])
         dv = torch.zeros_like(f32[1])
-        block_backward(dout, q, block_k, block_v, out, lse, spans[rank], spans[source], scale, into=(dq, dk, dv),
-                       pieces=attention_pieces(spans[rank], spans[source]))
+        rows_backward(dout, q, block_k, block_v, out, lse, spans[rank], spans[source], scale, documents, window,
+                      (dq, dk, dv))
         if partial is not None:
             arrived_k, arrived_v = _unpack(partial.wait(), f32)
             dk += arrived_k
@@ -152,21 +154,22 @@ def ring_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 
 
 @ring_attention_backward.register_fake
-def _ring_attention_backward_fake(dout, q, k, v, out, lse, scale, group, ranges):
+def _ring_attention_backward_fake(dout, q, k, v, out, lse, scale, group, ranges, rule="", window=0):
     # contiguous, as the real gradients are (empty_like would copy the strides of a transposed input)
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ctx.scale, ctx.group, ctx.ranges = inputs
+    q, k, v, ctx.scale, ctx.group, ctx.ranges, ctx.rule, ctx.window = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = ring_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.group, list(ctx.ranges))
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = ring_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.group, list(ctx.ranges), ctx.rule,
+                                         ctx.window)
+    return dq, dk, dv, None, None, None, None, None
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -10,6 +10,13 @@ merges the partial results by log-sum-exp. With U = 1 (pure ring) there is no al
 k and v are the model's n_kv heads (``repeat_kv`` peeled as below) and the ring op does grouped-query
 attention itself. Head counts need only divide by U, so P may exceed the number of heads.
 
+Packed documents and sliding windows (``ctx.rule`` set: the engine trains packed documents or the model
+has windowed layers): after the rewrite each SDPA becomes ``autosp_ops::span_attention`` (Ulysses only;
+the rank holds the whole sequence for its heads, so documents and windows are a local restriction) or a
+ring attention given the rule; both read the batch's documents at run time
+(:mod:`autosp.compiler.attention.documents`) and take the layer's window, read here from the model config
+through the layer index in the call's module path (:func:`layer_window`).
+
 Each rank holds s = S/P tokens of every head. Before attention, ``autosp_ops::all_to_all`` turns q, k and v
 from [B, H, s, d] (sequence-sharded) into [B, H/P, S, d] (head-sharded): every rank now sees the whole
 sequence for H/P heads, and causal attention over it is exact. The output goes back the same way.
@@ -56,11 +63,13 @@ the backward overlap in mirror image):
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 from torch import fx
 
 from autosp.compiler import ops
+from autosp.compiler.attention import local as _local_ops  # noqa: F401  (registers autosp_ops::span_attention)
 from autosp.compiler.attention import ring as _ring_ops  # noqa: F401  (registers autosp_ops::ring_attention)
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.common import (
@@ -81,6 +90,49 @@ A2A = torch.ops.autosp_ops.all_to_all.default
 A2A_START = torch.ops.autosp_ops.all_to_all_start.default
 A2A_WAIT = torch.ops.autosp_ops.all_to_all_wait.default
 RING = torch.ops.autosp_ops.ring_attention.default
+SPAN = torch.ops.autosp_ops.span_attention.default
+_LAYER_INDEX = re.compile(r"(?:\.(\d+)|\[(\d+)\]|\['(\d+)'\])(?=\.|\[|$)")
+
+
+def layer_index(node: fx.Node) -> int | None:
+    """The decoder layer an SDPA call belongs to: the last list index in its module path
+    (``model.layers.3.self_attn`` -> 3), from Dynamo's ``nn_module_stack``."""
+    stack = node.meta.get("nn_module_stack") or {}
+    for path, _ in reversed(list(stack.values())):
+        found = [next(g for g in m.groups() if g is not None) for m in _LAYER_INDEX.finditer(str(path))]
+        if found:
+            return int(found[-1])
+    return None
+
+
+def graph_layer(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> int | None:
+    """The one decoder layer whose parameters this graph takes as inputs (a ZeRO-3 layer fragment), by the
+    parameters' identity (``ctx.param_layers``); None when there are none or several."""
+    layers = {ctx.param_layers.get(id(value)) for node, value in
+              zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)
+              if isinstance(value, torch.nn.Parameter)}
+    layers.discard(None)
+    return layers.pop() if len(layers) == 1 else None
+
+
+def layer_window(node: fx.Node, ctx: SPContext, fragment_layer: int | None = None) -> int:
+    """The sliding window of this SDPA call's layer in tokens, 0 for a global layer. The layer is the list
+    index in the call's module path, else the layer whose parameters the graph takes (``fragment_layer``:
+    under ZeRO-3 a layer's graph is traced from the layer's own frame, without the path; Dynamo then
+    shares a compiled layer graph only between layers whose window attribute is the same)."""
+    windows = ctx.layer_windows
+    if not windows:
+        return 0
+    distinct = set(windows)
+    if len(distinct) == 1:  # every layer alike (Mistral): no need to know which layer this is
+        return next(iter(distinct)) or 0
+    index = layer_index(node)
+    if index is None:
+        index = fragment_layer
+    if index is None or index >= len(windows):
+        fail(f"the model mixes sliding-window and global layers ({len(windows)} layers) but this attention's layer "
+             f"index could not be read from its module path", node)
+    return windows[index] or 0
 
 
 def _peel_repeat_kv(node: fx.Node):
@@ -127,9 +179,12 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     graph, p, group = gm.graph, ctx.ulysses_size, ctx.ulysses_group
     ranks = "sequence-parallel ranks" if ctx.ring_size == 1 else "Ulysses ranks (sp_size / ring_size)"
     ulysses = ctx.ring_size == 1 or p > 1
+    fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
             continue
+        if ctx.rule:  # read before the rewrite: the head pipeline's new SDPA calls have no module path
+            node.meta["autosp_window"] = layer_window(node, ctx, fragment_layer)
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention reached the attention pass with a mask", node)
@@ -175,7 +230,28 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     if ctx.ring_size > 1:
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _ring_attention(graph, node, ctx)
+    elif ctx.rule:
+        for node in [n for n in graph.nodes if is_call(n, SDPA)]:
+            _span_attention(graph, node, ctx)
     graph.eliminate_dead_code()
+
+
+def _span_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
+    """Replace a (rewired, mask-free, causal) SDPA by attention restricted to the published documents and the
+    layer's window (:mod:`autosp.compiler.attention.local`)."""
+    args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
+    if args["dropout_p"] not in (0, 0.0):
+        fail("attention dropout is not supported with packed documents or sliding windows: set the model's "
+             "attention dropout to 0", node)
+    with graph.inserting_before(node):
+        span = graph.call_function(SPAN, (args["query"], args["key"], args["value"], args["scale"], ctx.rule,
+                                          node.meta.get("autosp_window", 0)))
+        out = graph.call_function(operator.getitem, (span, 0))
+    for new in (span, out):
+        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
+                                                                      "autosp_head_group", "autosp_window")})
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
 
 
 def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
@@ -185,8 +261,9 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
         fail("attention dropout is not supported with ring attention (ring_size > 1): set the model's attention "
              "dropout to 0", node)
     with graph.inserting_before(node):
+        restriction = (ctx.rule, node.meta.get("autosp_window", 0)) if ctx.rule else ()  # documents / window
         ring = graph.call_function(RING, (args["query"], args["key"], args["value"], args["scale"], ctx.ring_group,
-                                          ctx.ring_ranges))
+                                          ctx.ring_ranges, *restriction))
         out = graph.call_function(operator.getitem, (ring, 0))
     for new in (ring, out):
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
@@ -355,6 +432,8 @@ def _head_pipeline(plan: _Layer, chunks: int) -> None:
                              "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo)})
             out.meta["autosp_ulysses"] = True
             out.meta["autosp_head_group"] = g  # one layer's attention is several SDPA calls here
+            if "autosp_window" in node.meta:
+                out.meta["autosp_window"] = node.meta["autosp_window"]
             outs_started[g] = plan.call(A2A_START, (out, 2, 1, group))
 
         def wait_out(g):
@@ -456,7 +535,7 @@ def wrapped(node: fx.Node) -> bool:
 
 
 def ring_wrapped(node: fx.Node, ulysses: bool) -> bool:
-    """Is this ring attention call's output used (through its ``[0]``), and with Ulysses ranks are its q, k,
+    """Is this ring (or span) attention call's output used (through its ``[0]``), and with Ulysses ranks are its q, k,
     v and its output all-to-alls (blocking, or a start/wait pair)?"""
     outs = [u for u in node.users if u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0]
     if not outs or not all(o.users for o in outs):
@@ -467,4 +546,4 @@ def ring_wrapped(node: fx.Node, ulysses: bool) -> bool:
     return inputs_ok and all(is_call(u, {A2A, A2A_START}) for o in outs for u in o.users)
 
 
-__all__ = ["RING", "attention_pass", "ring_wrapped", "wrapped", "ops"]
+__all__ = ["RING", "SPAN", "attention_pass", "graph_layer", "layer_index", "layer_window", "ring_wrapped", "wrapped", "ops"]

@@ -3,7 +3,8 @@
 - every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp_ops::all_to_all`` and hands its
   output to one, with no mask and ``is_causal=True``; with a ring (``ring_size`` > 1) no SDPA is left:
   each is an ``autosp_ops::ring_attention`` whose output is used, wrapped the same way when there are
-  Ulysses ranks;
+  Ulysses ranks; with packed documents or sliding windows and no ring, each is an
+  ``autosp_ops::span_attention`` wrapped the same way;
 - no s x s mask is left (a tensor computed from booleans, not from the weights: a mask the mask pass
   did not remove), and no matmul of two activations produces one (attention computed by hand instead of by
   SDPA: the all-to-alls would never see it);
@@ -23,7 +24,7 @@ import torch
 from torch import fx
 
 from autosp.compiler.context import SPContext
-from autosp.compiler.passes.attention import RING, ring_wrapped, wrapped
+from autosp.compiler.passes.attention import RING, SPAN, ring_wrapped, wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
 from autosp.cost_models.op_classes import is_matmul
 
@@ -54,15 +55,15 @@ def _descendants(gm: fx.GraphModule, roots: set) -> set:
 def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     s = ctx.local_len
     sdpa = [n for n in gm.graph.nodes if is_call(n, SDPA)]
-    rings = [n for n in gm.graph.nodes if is_call(n, {RING})]
+    rings = [n for n in gm.graph.nodes if is_call(n, {RING, SPAN})]
     for node in sdpa:
-        if ctx.ring_size > 1:
-            fail("internal: attention left without ring attention", node)
+        if ctx.ring_size > 1 or ctx.rule:
+            fail("internal: attention left without ring or span-restricted attention", node)
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if not wrapped(node) or args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention left without its all-to-alls", node)
     for node in rings:
-        if not ring_wrapped(node, ulysses=ctx.ulysses_size > 1):
+        if not ring_wrapped(node, ulysses=ctx.ulysses_size > 1 or ctx.ring_size == 1):
             fail("internal: ring attention left without its all-to-alls", node)
     if not ctx.fragments:
         if not sdpa and not rings:

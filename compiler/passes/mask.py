@@ -14,10 +14,15 @@ The proof is numerical, on the real example inputs Dynamo compiled with: the sub
 on (aranges, the position ids; when a graph break delivers the mask as a graph input, the input
 itself) is evaluated and must equal ``tril(ones(s, s))`` for every batch row and head (boolean masks:
 True where allowed; additive float masks: 0 where allowed and a value that underflows exp() elsewhere).
-The runtime guarantees the inputs that could change it between calls cannot: it never passes an
-``attention_mask`` to the model and rejects non-contiguous ``position_ids`` (packed documents).
-A mask that depends on parameters or activations, or that is not lower-triangular (sliding windows
-shorter than the local length, document masks, bidirectional prefixes) is an error.
+The runtime guarantees the inputs that could change it between calls cannot: it passes no
+``attention_mask`` to the model, or an all-ones one (zigzag shards, span mode), so the mask depends on
+no data of the batch.
+A model with sliding windows (``ctx.layer_windows``) builds, for its windowed layers, a band over the
+local rows: accepted as well (the attention pass applies each layer's window to the global sequence).
+Packed documents never reach the model as a mask: in span mode the runtime passes an all-ones
+``attention_mask``, which makes Hugging Face build the plain causal mask, and publishes the documents
+to the attention ops instead. A mask that depends on parameters or activations, or that is neither of
+these (document masks, bidirectional prefixes) is an error.
 """
 
 from __future__ import annotations
@@ -43,14 +48,18 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor | None:
     return allowed
 
 
-def is_causal_mask(mask: torch.Tensor, length: int) -> bool:
+def is_causal_mask(mask: torch.Tensor, length: int, window: int | None = None) -> bool:
+    """Is ``mask`` the causal mask over ``length`` rows (with ``window``: Hugging Face's sliding-window mask,
+    key j allowed for query i iff i - window < j <= i)?"""
     if not isinstance(mask, torch.Tensor) or mask.dim() < 2 or tuple(mask.shape[-2:]) != (length, length):
         return False
     allowed = _allowed(mask)
     if allowed is None:
         return False
-    tril = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
-    return bool((allowed == tril).all())
+    expected = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    if window is not None:
+        expected = expected.triu(1 - window)
+    return bool((allowed == expected).all())
 
 
 def mask_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
@@ -70,7 +79,9 @@ def mask_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         if not isinstance(mask, fx.Node):
             fail("SDPA with a constant attention mask is not supported with sequence parallelism", node)
         value = evaluate(gm, mask, example_inputs)
-        if not is_causal_mask(value, ctx.local_len):
+        # a model with sliding windows builds its window mask over the local rows; the span-restricted
+        # attention (attention pass) applies each layer's window over the global sequence instead
+        if not any(is_causal_mask(value, ctx.local_len, w) for w in (None, *sorted(ctx.windows))):
             fail(f"unsupported attention mask: only causal masks work with sequence parallelism (this one "
                  f"is not lower-triangular over the {ctx.local_len} local tokens: a sliding window, document "
                  f"mask or arbitrary mask is not supported with SP)", node)

@@ -249,8 +249,9 @@ def mlp_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
         return
     graph = gm.graph
     matches = [m for m in (match_mlp(n) for n in list(graph.nodes)) if m is not None]
-    ring = torch.ops.autosp_ops.ring_attention.default  # what SDPA became with ring attention
-    n_attention = sum(1 for n in graph.nodes if (is_call(n, SDPA) or is_call(n, {ring}))
+    # what SDPA became with ring attention, or with packed documents / sliding windows
+    ring = {torch.ops.autosp_ops.ring_attention.default, torch.ops.autosp_ops.span_attention.default}
+    n_attention = sum(1 for n in graph.nodes if (is_call(n, SDPA) or is_call(n, ring))
                       and not n.meta.get("autosp_head_group"))
     if len(matches) < n_attention:
         fail(f"mlp_chunks={chunks}: found {len(matches)} MLP(s) for {n_attention} attention layer(s); MLP tiling "

@@ -352,6 +352,13 @@ CASES: list[Case] = [
     _c(TRAIN, f"{T} --data @tok.txt", 2, "unknown token file type"),
     _c(TRAIN, f"{T} --data @odd.bin", 2, "not a whole number"),
     _c(TRAIN, f"{T} --data @empty.bin", 2, "is empty"),
+    # --- autosp-train --doc-sep: packed documents ------------------------------------------------------
+    _c(TRAIN, f"{T} --doc-sep 5", 2, "give --data FILE"),
+    _c(TRAIN, f"{T} --data @tok.npy --doc-sep 97", 2, "--doc-sep 97 is not a token id"),
+    _c(TRAIN, f"{T} --data @tok.npy --doc-sep -1", 2, "--doc-sep -1 is not a token id"),
+    _c(TRAIN, f"{T} --data @tok.npy --doc-sep abc", 2, "--doc-sep must be a token id or 'eos'"),
+    _c(TRAIN, f"{T} --data @tok.npy --doc-sep eos", 2, "needs a Hugging Face --model config with an eos_token_id"),
+    _c(TRAIN, f"{T} --data @ones.npy --doc-sep 2", 2, "never contains the document separator 2"),
     _c(TRAIN, f"{T} --data @tok.bin --data-dtype float32", 2, "token ids are integers", item=10),
     _c(TRAIN, f"{T} --data @tok.bin --data-dtype bogus", 2, "unknown --data-dtype"),
     _c(TRAIN, f"{T} --data @dict.pt", 2, "not a tensor", slow=True),

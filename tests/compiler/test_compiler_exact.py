@@ -38,6 +38,7 @@ def hf_model(kind, n_kv=2, attn="sdpa", **extra):
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
     }[kind]
     config = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=n_kv, max_position_embeddings=256,
@@ -157,8 +158,8 @@ ERRORS = {
                               dict(sp_size=2, micro_batch=2), "3 key/value heads are incompatible with 2"),
     "world_size_mismatch": (2, reference_llama, dict(seq=32), dict(sp_size=2, dp_size=2, micro_batch=1),
                             "needs dp x sp = 2 x 2 = 4 processes but 2 were launched"),
-    "sliding_window": (2, lambda: hf_model("mistral", sliding_window=16), dict(seq=32),
-                       dict(sp_size=2, micro_batch=2), "sliding-window attention"),
+    "gemma2_softcapping": (2, lambda: hf_model("gemma2", attn="eager"), dict(seq=32), dict(sp_size=2, micro_batch=2),
+                           "caps its attention logits"),
     "labels_at_pads": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "labels at padded positions"),
     "left_padding": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "left-padded"),
 }

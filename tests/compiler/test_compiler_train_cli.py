@@ -86,3 +86,31 @@ def test_usage_errors():
         main(["--model", "llama-3.2-1b", "--ctx", "64"])
     with pytest.raises(UsageError, match="invalid choice"):  # one line (issue 10), not argparse's usage text
         main(["--zero", "5"])
+
+
+def _train_packed(rank, world, argv):
+    from autosp.compiler import ops
+    from autosp.compiler.train_cli import main
+
+    code = main(argv)
+    return code, ops.CALLS["span_attention"]
+
+
+@pytest.mark.slow
+def test_train_packed_documents_from_a_token_file(tmp_path):
+    import numpy as np
+
+    from autosp.compiler import testing
+
+    rng = np.random.default_rng(0)
+    docs = [np.append(rng.integers(6, 97, size=n), 5) for n in rng.integers(1, 30, size=200)]  # 5 ends a document
+    np.save(tmp_path / "docs.npy", np.concatenate(docs).astype(np.int64))
+    log = tmp_path / "steps.jsonl"
+    code, span_calls = testing.spawn(_train_packed, 2, [
+        "--model", "llama-3.2-1b", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn",
+        "128", "--vocab", "97", "--sp", "2", "--ctx", "64", "--steps", "2", "--backend", "aot_eager", "--dtype", "fp32",
+        "--data", str(tmp_path / "docs.npy"), "--doc-sep", "5", "--log-json", str(log)])
+    assert code == 0
+    assert span_calls >= 2 * 2  # every layer of every step ran document-restricted attention
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and abs(steps[0]["loss"] - 4.57) < 0.2

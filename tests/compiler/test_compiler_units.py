@@ -76,10 +76,10 @@ def test_right_padding_mask_is_checked_and_dropped():
                     attention_mask=torch.tensor([[1, 1, 0, 1, 1, 0, 0, 0]]))
 
 
-def test_packed_position_ids_are_rejected():
+def test_packed_position_ids_give_documents():
     ids = torch.arange(8).reshape(1, 8)
-    with pytest.raises(UsageError, match="packed documents"):
-        shard_batch(ids, ids, sp=2, sp_rank=0, dp=1, dp_rank=0, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]))
+    batch = shard_batch(ids, ids, sp=2, sp_rank=0, dp=1, dp_rank=0, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]))
+    assert batch.documents == [[(0, 3), (3, 8)]]  # packed documents are trained (tests/compiler/test_compiler_packed.py)
 
 
 # --- plans -----------------------------------------------------------------------------------------
