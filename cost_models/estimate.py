@@ -108,6 +108,24 @@ def _seconds(t: float) -> str:
     return f"{t:.3g} s" if t >= 1 else f"{1e3 * t:.3g} ms"
 
 
+def attention_share(model: ModelSpec, workload: Workload, cand: Candidate,
+                    profile: ModelProfile | None = None) -> dict:
+    """What packed documents and sliding windows leave of the attention: ``fraction`` of the causal S^2
+    triangle's FLOPs (averaged over the layers; 1 unpacked and unwindowed), the model FLOPs of attention per
+    step with and without (``flops``, ``triangle_flops``, forward + backward over all GPUs), and what
+    describes the workload (documents, their mean length, the window and the layers it covers)."""
+    sh = Shapes(model, workload, cand, profile)
+    work, _steps = ring.attention_steps(sh)
+    triangle = 3.0 * 2.0 * sh.S * sh.S * sh.attn_width * sh.L * sh.b * cand.grad_accum * cand.dp
+    from autosp.cost_models.documents import doc_stats
+
+    docs, mean = doc_stats(workload.doc_lens) if workload.doc_lens else (0, 0.0)
+    window = sh.window if 0 < sh.window < sh.S_pad else 0
+    return {"fraction": work, "flops": work * triangle, "triangle_flops": triangle, "documents": docs,
+            "mean_doc_len": mean, "sliding_window": window, "windowed_layers": sh.windowed if window else 0,
+            "layers": sh.L}
+
+
 def memory_only(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
                 profile: ModelProfile | None = None) -> MemoryBreakdown:
     """Just the memory breakdown (cheaper than a full estimate; for feasibility and max-context search)."""
@@ -142,4 +160,4 @@ def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str 
     return lo * step
 
 
-__all__ = ["estimate", "fits", "max_seq_len", "memory_only"]
+__all__ = ["attention_share", "estimate", "fits", "max_seq_len", "memory_only"]

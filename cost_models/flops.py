@@ -30,9 +30,13 @@ def matmul_flops_forward(sh: Shapes) -> float:
 def attention_flops_forward(sh: Shapes, padded: bool = True) -> float:
     """Causal attention forward on one GPU: 1/P of the sequence's causal work. Ulysses: its a / P heads over
     the whole sequence; with a ring, a / U heads over S / R queries, balanced by zigzag sharding (every ring
-    rank does exactly 1/R of the causal work; cost_models/ring.py)."""
+    rank does exactly 1/R of the causal work; cost_models/ring.py). Packed documents and sliding windows
+    compute only their share of that triangle (:func:`ring.attention_steps`, cost_models/documents.py)."""
     S = sh.S_pad if padded else sh.S
-    return 2.0 * S * S * sh.attn_width * sh.L * sh.b / sh.P
+    triangle = 2.0 * S * S * sh.attn_width * sh.L * sh.b / sh.P
+    if not sh.doc_lens and not (0 < sh.window < sh.S_pad and sh.windowed):
+        return triangle
+    return triangle * ring.attention_steps(sh)[0]
 
 
 def model_flops(sh: Shapes) -> float:

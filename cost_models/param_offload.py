@@ -1,6 +1,6 @@
 """ZeRO-3 parameter offload (``Candidate.offload_param``; DeepSpeed ``zero_optimization.offload_param: {device:
 cpu}``): what it moves off the device, what it keeps on the host and what its copies cost (docs/cost_model.md
-section 12).
+section 13).
 
 With ``offload_param`` each rank's bf16 partition of the weights (2 B x its 1/N_d share of the parameters) lives
 in pinned host memory instead of on the device. Before a module runs (forward, a full-checkpointing recompute,

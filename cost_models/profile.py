@@ -233,7 +233,7 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     full_fixed = lse + rms   # full recompute rebuilds the layer's fp32 side tensors too
     re_mlp = (Elems(), Elems(3 * h), Elems(3 * h), Elems(3 * h + 3 * q, 2 * k, full_fixed))
     re_attn = (Elems(), Elems(h), Elems(h), Elems(h + 2 * q, 2 * k, full_fixed))
-    # The MLP's backward as the compiled step runs it (docs/cost_model.md section 11): SiLU and the product are
+    # The MLP's backward as the compiled step runs it (docs/cost_model.md section 12): SiLU and the product are
     # fused and recomputed inside the backward kernel (Inductor; Liger-Kernel's SwiGLU, which ALST ran, does the
     # same), so the MLP holds the gate and up outputs and the down projection's input (3f) plus that input's
     # gradient (f); the gate and up gradients overwrite the gate and up outputs. Unfused eager autograd holds

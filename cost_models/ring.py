@@ -27,11 +27,12 @@ R = 1, so pure Ulysses is priced exactly as before.
 
 from __future__ import annotations
 
+from autosp.cost_models import documents
 from autosp.cost_models.shapes import Shapes, padding_multiple
 from autosp.cost_models.specs import Candidate, HardwareSpec
 
 __all__ = ["CAUSAL_HALF_TOKENS", "FULL_HALF_TOKENS", "DKV_BYTES", "RING_DKV_BUFFERS", "RING_KV_BUFFERS",
-           "backward_extra_bytes", "block_speeds", "compute_factor", "dkv_block_bytes", "exposed_backward",
+           "attention_steps", "backward_extra_bytes", "block_speeds", "compute_factor", "dkv_block_bytes", "exposed_backward",
            "exposed_forward", "forward_extra_bytes", "kernel_speed", "kv_block_bytes", "layer_times", "link",
            "padding_multiple", "pointwise_bytes", "sequence_policy_without_all_to_all", "spans_nodes",
            "transfer_times"]
@@ -86,13 +87,37 @@ def block_speeds(sh: Shapes) -> tuple[float, float]:
     return diag, off
 
 
-def compute_factor(sh: Shapes) -> float:
-    """Ring attention time / the same FLOPs at the whole-sequence causal speed: each of the R steps does 1/R
-    of the rank's (balanced) causal work, step 0 at the diagonal speed, the others at the off-diagonal one."""
-    if sh.R == 1:
-        return 1.0
+def attention_steps(sh: Shapes) -> tuple[float, tuple]:
+    """(work, step times) of one layer's attention, averaged over the model's layers: ``work`` is its FLOPs
+    over the S_pad^2 causal triangle's (below 1 with packed documents or a sliding window), ``steps`` each
+    ring step's time (one entry without a ring) in units of the rank's share of the triangle at the
+    whole-sequence kernel speed (cost_models/documents.py). Unpacked, unwindowed: (1, (1,)) without a ring,
+    (1, (1/(R diag), 1/(R off), ...)) with one -- step 0 at the diagonal speed, the others off-diagonal.
+    A window at least S_pad long changes nothing."""
+    if sh.attention is not None:
+        return sh.attention
     diag, off = block_speeds(sh)
-    return (1.0 / diag + (sh.R - 1) / off) / sh.R
+    window = sh.window if 0 < sh.window < sh.S_pad and sh.windowed else 0
+    full = documents.attention_pricing(sh.doc_lens, sh.S, sh.S_pad, 0, sh.R, diag, off, CAUSAL_HALF_TOKENS)
+    if not window:
+        sh.attention = (full.work, full.steps)
+        return sh.attention
+    local = documents.attention_pricing(sh.doc_lens, sh.S, sh.S_pad, window, sh.R, diag, off, CAUSAL_HALF_TOKENS)
+    n_local, n_full = sh.windowed, sh.L - sh.windowed
+    work = (n_full * full.work + n_local * local.work) / sh.L
+    steps = tuple((n_full * f + n_local * w) / sh.L for f, w in zip(full.steps, local.steps))
+    sh.attention = (work, steps)
+    return sh.attention
+
+
+def compute_factor(sh: Shapes) -> float:
+    """Attention time / the same FLOPs at the whole-sequence causal speed. Ring: each of the R steps does
+    1/R of the rank's (balanced) causal work, step 0 at the diagonal speed, the others at the off-diagonal
+    one; packed documents and windows run shorter kernels (:func:`attention_steps`)."""
+    if sh.R == 1 and not sh.doc_lens and not (0 < sh.window < sh.S_pad and sh.windowed):
+        return 1.0
+    work, steps = attention_steps(sh)
+    return sum(steps) / work if work > 0 else 1.0
 
 
 # --- traffic --------------------------------------------------------------------------------------------
@@ -164,9 +189,9 @@ def layer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, t_att_fwd: float,
     if R == 1:
         return 0.0, 0.0, 0.0, 0.0
     t_kv, t_dkv = transfer_times(hw, cand, sh)
-    diag, off = block_speeds(sh)
-    unit = t_att_fwd / (1.0 / diag + (R - 1) / off)   # one step's work at the whole-sequence speed
-    steps = [unit / diag] + [unit / off] * (R - 1)
+    _work, shares = attention_steps(sh)
+    total = sum(shares)
+    steps = [t_att_fwd * share / total for share in shares]
     back = [bwd_factor * t for t in steps]
     fwd_total = (R - 1) * t_kv
     bwd_total = (R - 1) * t_kv + R * t_dkv

@@ -40,6 +40,9 @@ class Shapes:
     - ``e``: bytes per activation/parameter element (2 for bf16, 4 for fp32).
     - ``N``: ``sequence_chunks``, the chunks each decoder layer runs its local tokens in; ``c``: tokens of one
       chunk, ceil(s / N) (= s unchunked; cost_models/chunks.py).
+    - ``doc_lens``: the workload's packed-document histogram (empty: unpacked); ``window``, ``windowed``: the
+      model's sliding window and how many of its layers use it (0, 0: all global). Attention FLOPs and time
+      follow them (cost_models/documents.py); nothing per token does.
     - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
       (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
       widths, heads and parameter counts below are the profile's.
@@ -48,7 +51,7 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params", "N", "c")
+                 "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -88,6 +91,10 @@ class Shapes:
         self.dense_params = prof.n_layers * prof.layer_matmul + prof.head_matmul
         self.qproj_params = prof.qproj_matmul
         self.attn_width = prof.attn_width
+        self.doc_lens = workload.doc_lens
+        self.window = model.sliding_window
+        self.windowed = min(model.windowed_layers, prof.n_layers)
+        self.attention = None  # (work, ring steps), computed once by ring.attention_steps
         # parameter counts (model states, ZeRO-3 gathering)
         self.lm_head_params = prof.largest_other_params
         self.layer_params = prof.layer_params

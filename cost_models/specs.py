@@ -61,6 +61,11 @@ class ModelSpec:
 
     ``ffn_hidden`` is the intermediate width of the MLP; with ``gated_mlp`` (SwiGLU) there are three
     matrices hidden x ffn_hidden, otherwise two.
+
+    Sliding-window attention: the layers listed in ``sliding_layers`` (0-based indices) attend to the
+    ``sliding_window`` most recent tokens only (each query sees keys q - W + 1 .. q, Hugging Face's
+    ``sliding_window``); the others attend to the whole causal prefix. ``sliding_window = 0`` (and no
+    layers): every layer is global.
     """
 
     name: str
@@ -78,14 +83,32 @@ class ModelSpec:
     max_position: int = 0
     rope_theta: float = 10000.0
     source: str = ""
+    sliding_window: int = 0
+    sliding_layers: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))  # JSON gives a list
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelSpec.{name} must be a positive integer, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        window, layers = self.sliding_window, self.sliding_layers
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"ModelSpec.sliding_window must be a non-negative integer, got {window!r}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in layers) \
+                or list(layers) != sorted(set(layers)):
+            raise ValueError(f"ModelSpec.sliding_layers must be increasing layer indices in [0, {self.n_layers}), "
+                             f"got {list(layers)!r}")
+        if bool(window) != bool(layers):
+            raise ValueError("ModelSpec.sliding_window and sliding_layers go together: a window needs the layers "
+                             "it applies to, and windowed layers need a window")
+
+    @property
+    def windowed_layers(self) -> int:
+        """How many layers use the sliding window."""
+        return len(self.sliding_layers)
 
     @property
     def q_dim(self) -> int:
@@ -114,7 +137,12 @@ class ModelSpec:
         return self.n_layers * self.layer_params() + self.embedding_params()
 
     def fingerprint(self) -> str:
-        return fingerprint_of(self)
+        """Without a window the fields added for windows are left out, so models described before them keep
+        their fingerprints (committed plans, caches)."""
+        if self.sliding_window:
+            return fingerprint_of(self)
+        data = {k: v for k, v in asdict(self).items() if k not in ("sliding_window", "sliding_layers")}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -170,14 +198,27 @@ class Workload:
 
     ``global_batch`` is sequences per optimizer step; ``None`` lets each candidate use one micro-batch
     per data-parallel replica (the usual long-context setting).
+
+    ``doc_lens``: packed documents, a histogram ``((length, count), ...)`` of document lengths in tokens
+    (increasing lengths): documents are laid end to end and cut into sequences of ``seq_len`` tokens, and
+    attention stays inside each document (cost_models/documents.py). Empty: every sequence is one document
+    (unpacked).
     """
 
     seq_len: int
     global_batch: int | None = None
     dtype: str = "bf16"
     optimizer: str = "adamw"
+    doc_lens: tuple = ()
 
     def __post_init__(self):
+        pairs = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in self.doc_lens)
+        object.__setattr__(self, "doc_lens", pairs)  # JSON gives lists of lists
+        if any(not isinstance(p, tuple) or len(p) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                                              for v in p) for p in pairs) \
+                or [p[0] for p in pairs] != sorted({p[0] for p in pairs}):
+            raise ValueError("doc_lens must be (length, count) pairs of positive integers with increasing lengths, "
+                             f"got {list(self.doc_lens)[:4]!r}")
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ValueError(f"seq_len must be a positive integer, got {self.seq_len!r}")
         if self.global_batch is not None and self.global_batch < 1:
@@ -186,6 +227,17 @@ class Workload:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+
+
+def workload_key(workload: Workload) -> dict:
+    """The workload as a plain dict for cache keys: ``doc_lens`` only when documents are packed, so unpacked
+    requests keep the keys they had before documents existed."""
+    data = asdict(workload)
+    if not workload.doc_lens:
+        del data["doc_lens"]
+    else:
+        data["doc_lens"] = [list(p) for p in workload.doc_lens]
+    return data
 
 
 @dataclass(frozen=True)
@@ -339,4 +391,4 @@ class Estimate:
 
 __all__ = ["CHECKPOINTING_POLICIES", "DTYPES", "OPTIMIZERS", "OVERLAP_SCHEDULES", "AcceleratorSpec", "Candidate",
            "Estimate", "HardwareSpec", "MemoryBreakdown", "ModelSpec", "TimeBreakdown", "Workload", "fingerprint_of",
-           "from_dict"]
+           "from_dict", "workload_key"]

@@ -50,13 +50,14 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
-              measure=None, time_budget=None, fix=()) -> Plan:
+              measure=None, time_budget=None, fix=(), doc_lens=None, mean_doc_len=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
     :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
     docs say what each takes, and the run options of :func:`plan_for`)."""
     request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
                           dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
-                          seed=seed, time_budget=time_budget, top_k=top_k, fix=fix)
+                          seed=seed, time_budget=time_budget, top_k=top_k, fix=fix, doc_lens=doc_lens,
+                          mean_doc_len=mean_doc_len)
     return plan_for(request, cache=cache, storage=storage, study_name=study_name, worker=worker, measure=measure)
 
 
@@ -88,6 +89,9 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         measure = MeasureOptions(k=measure) if measure else None
     if measure is not None and objective != "throughput":
         raise UsageError("--measure works with --objective throughput")
+    if measure is not None and request.documents():
+        raise UsageError("--measure trains on unpacked random tokens, so it cannot measure packed documents; plan "
+                         "without --measure, or measure without --doc-lens/--mean-doc-len")
     trials = request.effective_trials(shared=storage is not None)
     collect_only = trials == 0
     resolved = resolve(request)
@@ -222,6 +226,10 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         "padding_tokens": pad_tokens,
         "padding_fraction": round(pad_fraction, 6),
     }
+    if workload.doc_lens or model_spec.sliding_window:
+        from autosp.cost_models.estimate import attention_share
+
+        search_info["attention"] = attention_share(model_spec, workload, cand, profile)
     if profile is not None:
         search_info["model_profile"] = f"graph {profile.fingerprint}"
     else:

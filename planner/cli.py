@@ -38,6 +38,13 @@ context lengths (--ctx):
   With --objective max-ctx, --ctx is optional: the planner finds the longest context that fits
   (in steps of 1,024 tokens); if --ctx is given, it is the least context you accept.
 
+packed documents (--doc-lens / --mean-doc-len):
+  attention is priced as the sum over documents of causal attention instead of one ctx x ctx triangle
+  (sliding-window layers, e.g. Mistral-7B-v0.1's, by their window); the plan table says what share of the
+  triangle remains. Memory does not change: activations are per token. docs/cost_model.md has the model.
+  autosp-plan --model llama-3.1-8b --ctx 1M --hw h100x8 --mean-doc-len 16k
+  autosp-plan --model llama-3.1-8b --ctx 1M --hw h100x8 --doc-lens lengths.txt
+
 plan cache:
   identical requests are answered from $AUTOSP_CACHE, else $XDG_CACHE_HOME/autosp/plans.sqlite,
   else ~/.cache/autosp/plans.sqlite (--cache PATH to choose, --no-cache to skip it). --cache and
@@ -110,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--global-batch", metavar="N",
                       help="sequences per optimizer step (default: one micro-batch per data-parallel replica)")
     what.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="training precision (default bf16)")
+    docs = what.add_mutually_exclusive_group()
+    docs.add_argument("--doc-lens", metavar="FILE",
+                      help="packed documents: their lengths in tokens, as a text file with one length per line, "
+                           "a JSON list of lengths, or a JSON object {length: count} (e.g. "
+                           "json.dump(collections.Counter(lengths), f)); documents are laid end to end, cut into "
+                           "sequences of --ctx tokens, and attend only within themselves (see below)")
+    docs.add_argument("--mean-doc-len", metavar="N",
+                      help="packed documents, all N tokens long (16k, 4Ki): the cheapest attention a mean of N "
+                           "allows; give --doc-lens for a spread of lengths")
 
     how = p.add_argument_group("search")
     how.add_argument("--objective", default="throughput", choices=("throughput", "max-ctx"),

@@ -76,6 +76,7 @@ def deepspeed_config(plan) -> dict:
             "allow_cross_node_sp": bool(plan.search.get("allow_cross_node_sp", False)),
             "space_version": plan.search.get("space_version"),
             "cost_model_version": plan.search.get("cost_model_version"),
+            **({"doc_lens": [list(p) for p in w.doc_lens]} if w.doc_lens else {}),  # packed documents
         },
     }
 

@@ -8,7 +8,8 @@
   once under FakeTensorMode (seconds, with progress on stderr) and the profile is cached per model
   fingerprint, so the next plan for the same model reads one JSON file and does not import torch.
   The plan's ModelSpec is ``profile.model_spec()`` (the traced widths); for a config.json the fields a
-  trace cannot see (norm kind, RoPE theta, max positions) come from the config itself.
+  trace cannot see (norm kind, RoPE theta, max positions, sliding windows: the trace runs every layer as
+  full causal attention, the cost model applies the window) come from the config itself.
 
 If tracing a config.json fails, :mod:`autosp.planner.profile_fallback` decides in one stderr line: a
 model autosp-train cannot train (transformers cannot build it, or its attention is not SDPA) is refused;
@@ -79,6 +80,7 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
             return profile_fallback.fallback(arg, parsed, key, err, say=_say), None
         spec = profile.model_spec()
         spec = replace(spec, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
+                       sliding_window=parsed.sliding_window, sliding_layers=parsed.sliding_layers,
                        source=f"graph profile {profile.fingerprint} of {parsed.source}")
         return spec, profile
     if _is_entry_point(arg):

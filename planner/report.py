@@ -94,6 +94,26 @@ def layout_why(plan) -> str:
     return "; ".join(reasons)
 
 
+def attention_line(att: dict | None, times: str = "x") -> str:
+    """What packed documents and windows leave of the attention FLOPs ('' when neither applies)."""
+    if not att:
+        return ""
+    what = []
+    if att.get("documents"):
+        what.append(f"documents of mean {format_tokens(round(att['mean_doc_len']))} tokens")
+    if att.get("sliding_window"):
+        layers = att.get("windowed_layers", 0)
+        scope = "every layer" if layers == att.get("layers") else f"{layers} of {att.get('layers')} layers"
+        what.append(f"a {att['sliding_window']:,}-token sliding window on {scope}")
+    if not what:
+        return ""
+    pct = 100 * att["fraction"]
+    shown = f"{pct:.2f}%" if pct < 1 else f"{pct:.1f}%"
+    saved = att.get("triangle_flops", 0.0) - att.get("flops", 0.0)
+    return (f"{shown} of the S{times}S causal triangle's FLOPs ({'; '.join(what)}): "
+            f"{saved / 1e15:,.1f} PFLOP per step saved")
+
+
 def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
@@ -175,6 +195,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     per_gpu = e.tokens_per_second / max(1, c.sp * c.dp)
     lines.append(f"  {'throughput':<20}{e.tokens_per_second:,.0f} tokens/s ({per_gpu:,.0f} per GPU)")
     lines.append(f"  {'MFU':<20}{100 * e.mfu:.1f}%")
+    share = attention_line(plan.search.get("attention"), times)
+    if share:
+        lines.extend(textwrap.wrap(share, width=98, initial_indent=f"  {'attention':<20}", subsequent_indent=" " * 22))
     for note in e.notes:
         lines.append(f"  note: {note}")
     profile = str(plan.search.get("model_profile", ""))

@@ -62,7 +62,8 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                                                 if overrides.get("allow_cross_node_sp") is not None
                                                 else art.search.get("allow_cross_node_sp")),
                        search=search, trials=trials, seed=seed,
-                       fix=art.search.get("fixed") or ())  # a plan made with --fix is checked against the same pins
+                       fix=art.search.get("fixed") or (),  # a plan made with --fix is checked against the same pins
+                       doc_lens=art.workload.doc_lens or None)
 
 
 def resolve_target(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> ResolvedRequest:

@@ -19,9 +19,10 @@ context lengths) derive them with ``dataclasses.replace(request, ctx=...)``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import os
+from dataclasses import dataclass, fields
 
-from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload
+from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
 from autosp.errors import UsageError
 from autosp.planner.plan import OBJECTIVES
 from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
@@ -70,6 +71,12 @@ class PlanRequest:
     """Pinned knobs (``--fix KNOB=VALUE``): ``["zero_stage=3", "checkpointing=full"]``, a dict or (name, value)
     pairs of :class:`~autosp.cost_models.specs.Candidate` fields; held as sorted (name, value) pairs
     (:mod:`autosp.planner.pins`). The search explores only plans that keep them."""
+    doc_lens: object = None
+    """Packed documents: a ``--doc-lens`` file (text lengths, JSON list, or JSON {length: count}), a list of
+    lengths, a {length: count} mapping or (length, count) pairs; held as ((length, count), ...)
+    (planner/doc_lens.py). None: unpacked, every sequence one document."""
+    mean_doc_len: object = None
+    """Packed documents all of this many tokens (``"16k"``); excludes ``doc_lens``."""
 
     def __post_init__(self):
         def set_(name, value):
@@ -117,6 +124,24 @@ class PlanRequest:
         set_("fix", parse_pins(self.fix))
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise UsageError(f"top_k must be a non-negative integer, got {self.top_k!r}")
+        if self.doc_lens is not None or self.mean_doc_len is not None:
+            from autosp.planner import doc_lens as docs
+
+            if self.doc_lens is not None and self.mean_doc_len is not None:
+                raise UsageError("give --doc-lens or --mean-doc-len, not both: --mean-doc-len N stands for documents "
+                                 "all N tokens long, --doc-lens FILE for the real lengths")
+            if self.mean_doc_len is not None:
+                set_("mean_doc_len", docs.mean_histogram(self.mean_doc_len)[0][0])
+            elif isinstance(self.doc_lens, (str, os.PathLike)):
+                set_("doc_lens", docs.read_doc_lens(self.doc_lens))
+            else:
+                set_("doc_lens", docs.histogram_of(self.doc_lens))
+
+    def documents(self) -> tuple:
+        """The packed-document histogram ((length, count), ...) the workload carries; () when unpacked."""
+        if self.mean_doc_len is not None:
+            return ((self.mean_doc_len, 1),)
+        return self.doc_lens or ()
 
     def effective_trials(self, shared: bool = False) -> int:
         """The Optuna trials this request runs: ``trials``, else as many as the time budget allows (at most
@@ -151,7 +176,7 @@ class ResolvedRequest:
         search settings only where they matter (Optuna)."""
         r = self.request
         optuna = r.search == "optuna"
-        workload = dict(asdict(self.workload), seq_len=r.ctx)  # None: max-ctx without a floor
+        workload = dict(workload_key(self.workload), seq_len=r.ctx)  # None: max-ctx without a floor
         out = {"model": self.model.fingerprint(), "hardware": self.hardware.fingerprint(), "workload": workload}
         folded = {"model", "hw", "nodes", "ctx", "global_batch", "dtype"}
         for f in fields(PlanRequest):
@@ -186,7 +211,8 @@ def resolve(request: PlanRequest) -> ResolvedRequest:
 
     model, profile = resolve_model_and_profile(request.model)
     hardware = resolve_hardware(request.hw, request.nodes)
-    workload = Workload(seq_len=request.ctx or CTX_GRANULE, global_batch=request.global_batch, dtype=request.dtype)
+    workload = Workload(seq_len=request.ctx or CTX_GRANULE, global_batch=request.global_batch, dtype=request.dtype,
+                        doc_lens=request.documents())
     return ResolvedRequest(request=request, model=model, profile=profile, hardware=hardware, workload=workload)
 
 

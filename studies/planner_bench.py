@@ -15,7 +15,7 @@ Then the longest trainable context of Llama-3.1-8B on 1 and 8 H100s (``--objecti
 ALST (arXiv 2506.13996: 500K tokens on 1 H100, 3.7M on 8). ALST's published recipes
 (snowflakedb/ArcticTraining projects/sequence-parallelism/run-h100-sp{1,8}-llama-8b.yml) use ZeRO-3
 with ``offload_optimizer`` (both) and ``offload_param`` (1 GPU only); autosp's space has both (parameter
-offload since issue 14: docs/cost_model.md section 12).
+offload since issue 14: docs/cost_model.md section 13).
 """
 
 from __future__ import annotations

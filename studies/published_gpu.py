@@ -149,7 +149,7 @@ HEADER = """# ALST (arXiv 2506.13996) Llama-3.1-8B iterations on H100, priced by
 Predictions only (`python -m studies.published_gpu --label LABEL`; the script's docstring gives every source).
 Every row: bf16, micro-batch 1, ZeRO-3, optimizer offload, full checkpointing; ratio = predicted / published;
 memory = predicted peak per GPU (capacity 79.2 GiB). One section per label: the cost model before and after the
-fixes of docs/cost_model.md section 11.
+fixes of docs/cost_model.md section 12.
 """
 
 

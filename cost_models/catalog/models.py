@@ -20,6 +20,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from autosp.cost_models.catalog.windows import sliding_layout
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
 from autosp.files import read_json
@@ -27,7 +28,8 @@ from autosp.files import read_json
 DATA_FILE = Path(__file__).with_name("models.toml")
 
 _SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "gated_mlp",
-              "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source")
+              "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source", "sliding_window",
+              "sliding_layers")
 
 # Hugging Face model_type values whose MLP is gated (SwiGLU / GeGLU: gate, up and down projections).
 GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
@@ -49,7 +51,10 @@ def _catalog() -> dict:
 
 
 def _spec_from_entry(name: str, entry: dict) -> ModelSpec:
-    return ModelSpec(name=name, **{k: entry[k] for k in _SPEC_KEYS if k in entry})
+    fields = {k: entry[k] for k in _SPEC_KEYS if k in entry}
+    if fields.get("sliding_layers") == "all":  # the catalog's shorthand for a window on every layer
+        fields["sliding_layers"] = tuple(range(entry["n_layers"]))
+    return ModelSpec(name=name, **fields)
 
 
 @lru_cache(maxsize=None)
@@ -115,7 +120,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
 
     ``num_key_value_heads`` defaults to the number of heads, ``head_dim`` to hidden / heads,
     ``tie_word_embeddings`` to the family's default (true for Gemma, see TIED_BY_DEFAULT); Qwen2 always has q/k/v biases, Llama-style configs say so in
-    ``attention_bias``. Mixture-of-experts configs are refused (the cost model is dense-only).
+    ``attention_bias``. Sliding-window layers follow transformers' rules (:mod:`~autosp.cost_models.catalog.windows`). Mixture-of-experts configs are refused (the cost model is dense-only).
     """
     path = os.fspath(path)
     where = path
@@ -165,12 +170,17 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         max_position = 0
     name = config.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
     try:
+        window, windowed = sliding_layout(config, n_layers)
+    except ValueError as err:
+        raise UsageError(f"model config {where}: {err}") from None
+    try:
         return ModelSpec(
             name=str(name), n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
             ffn_hidden=ffn, vocab=vocab, gated_mlp=gated,
             tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
             qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
-            max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path))
+            max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path),
+            sliding_window=window, sliding_layers=windowed)
     except ValueError as err:
         raise UsageError(f"invalid model config {where}: {err}") from None
 

@@ -246,6 +246,27 @@ for _name, _what, _body in [
 ]:
     fixture(_name, _what)(_toml(_body))
 
+# -- document lengths (--doc-lens) --------------------------------------------------------------------
+
+for _name, _what, _body in [
+    ("docs.txt", "document lengths, one per line, with a comment", "# lengths\n16000\n900\n  40000  \n"),
+    ("docs-list.json", "a JSON list of document lengths", "[16000, 900, 40000]"),
+    ("docs-hist.json", "a JSON histogram {length: count}", '{"16000": 3, "900": 10}'),
+    ("docs-empty.txt", "an empty --doc-lens file", ""),
+    ("docs-comment.txt", "a --doc-lens file with only a comment", "# no documents\n"),
+    ("docs-word.txt", "a --doc-lens file with a word among the lengths", "16000\nabc\n"),
+    ("docs-neg.txt", "a negative document length", "16000\n-5\n"),
+    ("docs-zero.json", "a document length of 0 in a JSON list", "[16000, 0]"),
+    ("docs-float.json", "a fractional document length", "[16000.5]"),
+    ("docs-count.json", "a histogram with a negative count", '{"16000": -1}'),
+    ("docs-key.json", "a histogram whose key is not a length", '{"long": 3}'),
+    ("docs-zero-counts.json", "a histogram whose counts are all 0", '{"16000": 0}'),
+    ("docs-bad.json", "malformed JSON", "[16000, "),
+    ("docs-str.json", "a JSON string", '"16000"'),
+    ("docs-huge.txt", "a document longer than autosp supports", "99999999999999999999\n"),
+]:
+    fixture(_name, _what)(lambda path, d, body=_body: _text(path, body))
+
 fixture("bin.toml", "random bytes named .toml")(lambda path, d: path.write_bytes(bytes(range(128, 256)) * 4))
 fixture("bom.toml", "base h100 with a UTF-8 byte-order mark")(
     lambda path, d: path.write_bytes(b'\xef\xbb\xbfbase = "h100"\n'))

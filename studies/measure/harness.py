@@ -75,6 +75,9 @@ class RunConfig:
     impl: str = "reference"          # "reference" (autosp.compiler.models.llama) or "hf" (transformers Llama)
     threads: int | None = None       # intra-op threads per rank; None: cores // world (as autosp-calibrate)
     label: str = ""
+    doc_lens: tuple = ()             # packed: the documents of each sequence, in order (they sum to seq_len);
+                                     # () unpacked. Predicted as the stream of docs/cost_model.md, exact when
+                                     # the lengths are equal and divide seq_len
 
     @property
     def world(self) -> int:
@@ -86,7 +89,22 @@ class RunConfig:
         return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate) if hasattr(self, f.name)})
 
     def workload(self) -> Workload:
-        return Workload(seq_len=self.seq_len, dtype=self.dtype)
+        hist: dict[int, int] = {}
+        for length in self.doc_lens:
+            hist[length] = hist.get(length, 0) + 1
+        return Workload(seq_len=self.seq_len, dtype=self.dtype, doc_lens=tuple(sorted(hist.items())))
+
+    def packed_inputs(self, ids):
+        """(labels, position_ids) of packed documents, the Hugging Face convention: positions restart at 0
+        in every document and each document's first label is -100 (no target crosses a boundary)."""
+        import torch
+
+        if sum(self.doc_lens) != self.seq_len:
+            raise ValueError(f"doc_lens sum to {sum(self.doc_lens)}, not seq_len {self.seq_len}")
+        positions = torch.cat([torch.arange(length) for length in self.doc_lens]).expand(ids.shape[0], -1)
+        labels = ids.clone()
+        labels[:, positions[0] == 0] = -100
+        return labels, positions.contiguous()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +113,7 @@ class RunConfig:
     def from_dict(cls, data: dict) -> "RunConfig":
         values = dict(data)
         values["model"] = from_dict(ModelSpec, values["model"]) if isinstance(values["model"], dict) else values["model"]
+        values["doc_lens"] = tuple(values.get("doc_lens", ()))
         return from_dict(cls, values)
 
 
@@ -188,13 +207,16 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     gen = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, cfg.model.vocab, (cfg.dp * cfg.micro_batch, cfg.seq_len), generator=gen)
     labels = ids.clone()
+    extra = {}
+    if cfg.doc_lens:
+        labels, extra["position_ids"] = cfg.packed_inputs(ids)
 
     def micro(hooks=None):
         if hooks is None:
-            loss = engine(input_ids=ids, labels=labels)
+            loss = engine(input_ids=ids, labels=labels, **extra)
         else:
             with hooks:
-                loss = engine(input_ids=ids, labels=labels)
+                loss = engine(input_ids=ids, labels=labels, **extra)
         engine.backward(loss)
         engine.step()
         return loss
@@ -217,7 +239,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     census["total"] = max(0, census["total"] - stale)
 
     def forward():
-        return engine(input_ids=ids, labels=labels)
+        return engine(input_ids=ids, labels=labels, **extra)
 
     from autosp.cost_models import deepspeed_buffers as ds
 

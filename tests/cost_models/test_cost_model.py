@@ -167,7 +167,7 @@ def test_mlp_tiling_lowers_memory_and_costs_time(policy):
     # With the logits tiled too, the layers' backward sets the peak, so MLP tiling shows in the total.
     # The first split always saves memory; further splits save memory until the attention backward (which
     # tiling does not touch) outweighs one MLP chunk, then they save nothing more (with `none` at N = 4:
-    # the fused MLP holds 4f per token, docs/cost_model.md section 11) and never cost memory.
+    # the fused MLP holds 4f per token, docs/cost_model.md section 12) and never cost memory.
     base = replace(BASE, checkpointing=policy, loss_chunks=64)
     untiled = prev = _est(base)
     for chunks in (2, 4, 8):

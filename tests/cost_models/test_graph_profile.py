@@ -120,7 +120,7 @@ def test_tiny_llama_exact_fields(llama, llama_analytic, field):
 
 def test_tiny_llama_mlp_backward_eager_against_fused(llama, llama_analytic):
     """The eager trace's MLP backward holds gate, SiLU, up and product (4f) and three gradients (3f); the
-    analytic model prices the compiled, fused SwiGLU (docs/cost_model.md section 11): gate, up and the down
+    analytic model prices the compiled, fused SwiGLU (docs/cost_model.md section 12): gate, up and the down
     projection's input (3f) and one gradient (f), the gate/up gradients overwriting their inputs."""
     assert llama.mlp_inner == Elems(4 * F) and llama.mlp_grads == Elems(3 * F)
     assert llama_analytic.mlp_inner == Elems(3 * F) and llama_analytic.mlp_grads == Elems(F)

@@ -1,4 +1,4 @@
-"""The cost model against ALST's published H100 runs (studies/published_gpu.py, docs/cost_model.md section 11):
+"""The cost model against ALST's published H100 runs (studies/published_gpu.py, docs/cost_model.md section 12):
 every run that ran is predicted to fit, and from 1M tokens its iteration time within 10% of the published one."""
 
 import sys
