@@ -23,3 +23,6 @@ def train_main(argv=None) -> int:
 
 def calibrate_main(argv=None) -> int:
     return _run("autosp-calibrate", "autosp.cost_models.calibrate", argv)
+
+
+__all__ = ["calibrate_main", "plan_main", "train_main"]

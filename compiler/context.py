@@ -92,3 +92,6 @@ class SPContext:
         from autosp.compiler.attention.layout import flat_ranges
 
         return flat_ranges(self.global_len, self.ring_size)
+
+
+__all__ = ["PassStats", "SPContext"]

@@ -113,3 +113,6 @@ def make_layout(sp: int, dp: int, ring: int = 1) -> Layout:
         ulysses_group = sp_group
     return Layout(sp=sp, dp=dp, rank=rank, sp_group=sp_group, dp_group=dp_group, world_group=dist.group.WORLD,
                   ring=ring, ulysses_group=ulysses_group, ring_group=ring_group)
+
+
+__all__ = ["Layout", "make_layout"]

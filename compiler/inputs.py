@@ -182,3 +182,6 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
     return LocalBatch(input_ids=take(ids), labels=take(shifted), position_ids=take(pos), global_len=total,
                       local_len=local, seq_len=seq, n_valid=int((shifted != ignore_index).sum()), spans=spans,
                       documents=documents)
+
+
+__all__ = ["LocalBatch", "shard_batch"]

@@ -191,3 +191,6 @@ def _wait_backward(ctx, grad):
 
 all_to_all_start.register_autograd(_start_backward, setup_context=_start_setup)
 all_to_all_wait.register_autograd(_wait_backward, setup_context=_wait_setup)
+
+
+__all__ = ["CALLS", "all_reduce_sum", "all_to_all", "all_to_all_start", "all_to_all_wait", "group_size"]

@@ -270,3 +270,6 @@ class SPEngine:
 
     def step(self, **kwargs):
         return self.ds_engine.step(**kwargs)
+
+
+__all__ = ["SPEngine", "rule_key", "sdpa_guard"]

@@ -329,3 +329,6 @@ if __name__ == "__main__":
     from autosp.cli import train_main
 
     sys.exit(train_main())
+
+
+__all__ = ["TokenSource", "build_parser", "main"]

@@ -214,3 +214,6 @@ if __name__ == "__main__":  # torchrun -m autosp.cost_models.calibrate ...
     from autosp.cli import calibrate_main
 
     sys.exit(calibrate_main())
+
+
+__all__ = ["DESCRIPTION", "EPILOG", "build_parser", "main"]

@@ -124,3 +124,6 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     if stage == 2:
         return all_gather, 0.0, reduce_scatter, all_gather
     return 0.0, all_gather, all_gather + reduce_scatter, 0.0
+
+
+__all__ = ["all_to_all_time", "ring_time", "ulysses_bytes_per_layer", "ulysses_layer_times", "zero_times"]

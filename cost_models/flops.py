@@ -130,3 +130,7 @@ def optimizer_bytes(n_params: float, cand: Candidate) -> float:
     """Adam traffic of one optimizer step on one GPU (ZeRO >= 1 updates only its 1/N_d shard)."""
     local = n_params / (cand.sp * cand.dp) if cand.zero_stage >= 1 or cand.offload_optimizer else n_params
     return OPTIMIZER_BYTES_PER_PARAM * local
+
+
+__all__ = ["OPTIMIZER_BYTES_PER_PARAM", "attention_flops_forward", "layer_forwards_recomputed",
+           "matmul_flops_forward", "model_flops", "optimizer_bytes", "pointwise_bytes", "recompute_flops"]

@@ -340,3 +340,10 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     return (MemoryBreakdown(parameters=params, gradients=grads, optimizer_states=optim, activations=activations,
                             logits_loss=logits, comm_buffers=buffers, reserve=reserve),
             (kept, transient, per_layer, host), notes)
+
+
+__all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION", "LOSS_FP32_BYTES", "NCCL_BYTES",
+           "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "host_bytes_available",
+           "layer_extra_bytes", "layer_saved_elems", "layer_transient_elems", "layer_transient_phases",
+           "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "reserve_bytes",
+           "state_bytes_per_param", "zero3_gathered_params", "zero_state_bytes"]

@@ -103,3 +103,6 @@ class Shapes:
 
 def shapes(model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None) -> Shapes:
     return Shapes(model, workload, cand, profile)
+
+
+__all__ = ["BYTES", "Shapes", "padding_multiple", "shapes"]

@@ -174,3 +174,7 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
                               zero_comm=zero_total, offload=offload, exposed_comm=exposed,
                               step=compute + exposed + offload)
     return breakdown, ga * ring_micro, ga * ring_exposed_micro
+
+
+__all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "HOST_DRAM_BANDWIDTH_PER_NODE",
+           "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "step_time", "step_time_parts"]

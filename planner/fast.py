@@ -52,7 +52,8 @@ def undialed(space, per: dict, **structure):
                       offload_activations=_first(per["offload_activations"], False),
                       offload_optimizer=_first(per["offload_optimizer"], False),
                       sequence_chunks=per["sequence_chunks"][0] if per["sequence_chunks"] else 1,
-                      offload_chunks=_first(per["offload_chunks"], False))
+                      offload_chunks=_first(per["offload_chunks"], False),
+                      offload_param=_first(per.get("offload_param", (False,)), False))
 
 
 OFFLOADS = ((True, True), (True, False), (False, True), (False, False))
@@ -75,12 +76,13 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     if per.get("sequence_chunks") and per["sequence_chunks"][-1] > 1:
         most = per["sequence_chunks"][-1]
         chunking = [(most, off) for off in (True, False) if off in per["offload_chunks"]] + chunking
+    params = [p for p in (True, False) if p in per.get("offload_param", (False,))]  # weights on the host first
     seen = set()
-    for (seq, seq_off), (act, opt) in itertools.product(chunking, OFFLOADS):
+    for (seq, seq_off), (act, opt), param in itertools.product(chunking, OFFLOADS, params):
         if act not in per["offload_activations"] or opt not in per["offload_optimizer"]:
             continue
         cand = space.make(**structure, mlp_chunks=mlp[-1], loss_chunks=loss_chunks, offload_activations=act,
-                          offload_optimizer=opt, sequence_chunks=seq, offload_chunks=seq_off)
+                          offload_optimizer=opt, sequence_chunks=seq, offload_chunks=seq_off, offload_param=param)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand

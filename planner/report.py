@@ -281,3 +281,6 @@ def _measured_lines(measured: dict, chosen) -> list[str]:
                      "predicted) cannot be measured yet")
     lines.append("")
     return lines
+
+
+__all__ = ["BAR_WIDTH", "attention_line", "bar", "layout_row", "layout_why", "render", "sp_scope"]

@@ -540,3 +540,8 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
 
     result.max_ctx = dict(memo)
     return result
+
+
+__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "MAX_TRIALS", "REFINE_STARTS", "WALK_SPEED_FLOOR", "complete",
+           "hill_climb", "node_local_ring", "optuna_max_ctx", "optuna_throughput", "structure_sweep",
+           "warm_starts"]

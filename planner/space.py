@@ -586,3 +586,11 @@ def restrict(space: SearchSpace, pins) -> SearchSpace:
         if name in space.KNOBS:
             changes[name] = (value,)
     return replace(space, fixed=tuple(pins), **changes)
+
+
+__all__ = ["CROSS_NODE_FLAG", "LOSS_CHUNKS", "MICRO_BATCHES", "MIN_SEQUENCE_CHUNK_TOKENS", "MIN_TILE_TOKENS",
+           "MLP_CHUNKS", "OFFLOAD", "SEQUENCE_CHUNKS", "SPACE_REVISION", "SPACE_VERSION", "SearchSpace",
+           "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors",
+           "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "overlap_reason", "padded_length",
+           "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
+           "sp_reason", "tile_ok", "zero3_loss_ok"]

@@ -123,3 +123,6 @@ def position_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             shifted = _global_positions(gm.graph, node, spans)
         new_nodes = set(ancestors(shifted)) | {shifted}
         node.replace_all_uses_with(shifted, delete_user_cb=lambda user: user not in new_nodes)
+
+
+__all__ = ["position_pass"]
