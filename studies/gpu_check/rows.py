@@ -56,6 +56,7 @@ ROWS = (
     row("full-32k", 32768, checkpointing="full"),                            # long: attention, full recompute
     row("tiled-64k", 65536, zero_stage=2, checkpointing="full", mlp_chunks=4, loss_chunks=8),  # long-context recipe
     row("offload-32k", 32768, checkpointing="sequence", offload_activations=True),  # side-stream host copies
+    row("chunks-64k", 65536, zero_stage=2, loss_chunks=8, sequence_chunks=4, offload_chunks=True),  # chunked layers
     row("selective-16k", 16384, zero_stage=1, checkpointing="selective", mlp_chunks=4),
     row("zero3-16k", 16384, zero_stage=3, checkpointing="sequence", mlp_chunks=2),  # (tied head: no loss tiling)
     row("optim-offload-8k", 8192, zero_stage=2, offload_optimizer=True, grad_accum=2),  # DeepSpeed CPU Adam
