@@ -44,6 +44,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.accelerators import DATA_FILE, accelerator_table, common_sources
 from autosp.cost_models.catalog.hardware_checks import check_counts, validate_hardware, with_nodes
 from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec, from_dict
@@ -81,12 +82,7 @@ def catalog_names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _alias_table() -> dict[str, str]:
-    table = {}
-    for name, entry in _catalog().items():
-        table[name.lower()] = name
-        for alias in entry.get("aliases", ()):
-            table[alias.lower()] = name
-    return table
+    return alias_table(_catalog())
 
 
 def catalog_entry(name: str) -> dict:

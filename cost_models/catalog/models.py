@@ -20,6 +20,7 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.windows import sliding_layout
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
@@ -59,12 +60,7 @@ def _spec_from_entry(name: str, entry: dict) -> ModelSpec:
 
 @lru_cache(maxsize=None)
 def _alias_table() -> dict[str, str]:
-    table = {}
-    for name, entry in _catalog().items():
-        table[name.lower()] = name
-        for alias in entry.get("aliases", ()):
-            table[alias.lower()] = name
-    return table
+    return alias_table(_catalog())
 
 
 def preset_names() -> list[str]:
