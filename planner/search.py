@@ -171,7 +171,23 @@ class _Study:
             done[0] += 1
             bar.update()
 
-        self.study.optimize(self._objective, n_trials=n, timeout=timeout, callbacks=[count])
+        for _ in range(n):  # one pass, unless a shared study loses a race (below)
+            try:
+                self.study.optimize(self._objective, n_trials=n - done[0], timeout=timeout, callbacks=[count])
+                break
+            except ValueError as err:
+                # Two workers of a shared study can pop the same enqueued warm start (Optuna's RDB storage does
+                # not lock the waiting-trial queue on SQLite, optuna/optuna#4621): the slower one cannot tell a
+                # trial the other completed. That trial is scored; go on with the rest.
+                if self.shared is None or "Cannot tell a COMPLETE trial" not in str(err):
+                    raise
+                done[0] += 1
+                if deadline is not None:
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break
+                if done[0] >= n:
+                    break
         self.n_trials += done[0]
         if done[0] < n:
             self.stopped_by_deadline = True
