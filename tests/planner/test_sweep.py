@@ -58,7 +58,7 @@ def test_rows_without_a_plan_say_why_and_the_sweep_still_succeeds():
     a, b = json.loads(out)["rows"]
     assert a["status"] == "invalid" and "sp=8" in a["message"]
     assert b["status"] == "ok" and b["plan"].startswith("sp8 ")
-    code, out, _ = _run(["--model", "llama-3.1-70b", "--hw", "h100x1", "--ctx", "8k", "--no-cache", "--json"])
+    code, out, _ = _run(["--model", "llama-3.1-405b", "--hw", "h100x1", "--ctx", "8k", "--no-cache", "--json"])
     (row,) = json.loads(out)["rows"]
     assert code == 0 and row["status"] == "no fit" and "no plan fits" in row["message"]
 
