@@ -10,20 +10,14 @@ import pytest
 from autosp.cost_models import chunks, comm, memory, ring
 from autosp.cost_models.estimate import estimate, max_seq_len
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.cost_models.specs import Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
+from round_specs import GIB, TINY
+from round_specs import ROUND as SHARED_ROUND
 
-GIB = 1024 ** 3
 LLAMA = resolve_model("llama-3.1-8b")
-# tiny: L=2, h=64, 4 heads x 16 (q = 64), 2 KV heads (k = 32), ffn 128, vocab 256
-TINY = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128, vocab=256)
-ROUND = HardwareSpec(
-    name="round", accelerator=AcceleratorSpec(name="round", peak_flops=1e12, memory_bytes=8 * GIB,
-                                              memory_bandwidth=1e11),
-    devices_per_node=2, nodes=1, intra_node_bandwidth=1e10, intra_node_latency=1e-5, inter_node_bandwidth=1e9,
-    inter_node_latency=2e-5, host_bandwidth=1e10, host_memory_bytes=64 * GIB, matmul_efficiency=0.5,
-    attention_efficiency=0.5, comm_efficiency=1.0, usable_memory_fraction=1.0)
+ROUND = replace(SHARED_ROUND, nodes=1)  # one node of two devices
 FULL = Candidate(sp=1, checkpointing="full")
 KEPT = Candidate(sp=1, checkpointing="none")   # a chunked layer kept like attention
 W1K = Workload(seq_len=1024)

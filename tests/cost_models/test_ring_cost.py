@@ -8,22 +8,12 @@ import pytest
 
 from autosp.cost_models import comm, estimate, flops, memory, ring
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.cost_models.specs import Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import list_models, resolve_model
+from round_specs import GIB, ROUND, TINY
 
-GIB = 1024 ** 3
 LLAMA = resolve_model("llama-3.1-8b")
-
-# tiny: L=2, h=64, 4 heads x 16 (q = 64), 2 KV heads (k = 32), ffn 128, vocab 256
-TINY = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128, vocab=256)
-# two nodes of two devices: NVLink-like 1e10 B/s (10 us), network 1e9 B/s (20 us); round efficiencies
-ROUND = HardwareSpec(
-    name="round", accelerator=AcceleratorSpec(name="round", peak_flops=1e12, memory_bytes=8 * GIB,
-                                              memory_bandwidth=1e11),
-    devices_per_node=2, nodes=2, intra_node_bandwidth=1e10, intra_node_latency=1e-5, inter_node_bandwidth=1e9,
-    inter_node_latency=2e-5, host_bandwidth=1e10, host_memory_bytes=64 * GIB, matmul_efficiency=0.5,
-    attention_efficiency=0.5, comm_efficiency=1.0, usable_memory_fraction=1.0)
 ONE_NODE = replace(ROUND, devices_per_node=4, nodes=1)
 
 HYBRID = Candidate(sp=4, ring=2, zero_stage=0, checkpointing="none")   # U = 2 Ulysses x R = 2 ring
