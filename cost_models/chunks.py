@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import ring
+from autosp.cost_models import profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 
@@ -114,10 +114,7 @@ def transient_bytes(sh: Shapes, mlp_chunks: int, offload: bool) -> float:
     e, c, s = sh.e, sh.c, sh.s
     copies = sh.kv_copies
     re_mlp, re_attn, grads = p.recompute_mlp_phase[i], p.recompute_attn_phase[i], p.attn_grads
-    if mlp_chunks > 1:
-        mlp_live, live_fixed = p.mlp_inner.other / mlp_chunks, p.mlp_inner.fixed / mlp_chunks
-    else:
-        mlp_live, live_fixed = p.mlp_live[i].other, p.mlp_live[i].fixed
+    mlp_live, live_fixed = profile.mlp_live_per_token(p, i, mlp_chunks)
     residual = full_length_grad_elems(sh)
     mlp_chunk = (re_mlp.other + re_mlp.kv * copies + mlp_live + p.mlp_grads.other / mlp_chunks) * e
     mlp_chunk += re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed

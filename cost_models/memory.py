@@ -165,10 +165,7 @@ def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[fl
     i = POLICY_INDEX[policy]
     c = sh.kv_copies
     re_mlp, re_attn, grads = p.recompute_mlp_phase[i], p.recompute_attn_phase[i], p.attn_grads
-    if mlp_chunks > 1:
-        mlp_live, live_fixed = p.mlp_inner.other / mlp_chunks, p.mlp_inner.fixed / mlp_chunks
-    else:
-        mlp_live, live_fixed = p.mlp_live[i].other, p.mlp_live[i].fixed
+    mlp_live, live_fixed = profile.mlp_live_per_token(p, i, mlp_chunks)
     mlp_phase = (re_mlp.other + re_mlp.kv * c) + mlp_live + p.mlp_grads.other / mlp_chunks + p.mlp_phase_grads.other
     mlp_fixed = re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
     attn_phase = (re_attn.other + re_attn.kv * c) + grads.other + grads.kv * c

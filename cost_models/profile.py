@@ -200,6 +200,15 @@ class ModelProfile:
         return cls.from_dict(json.loads(text))
 
 
+def mlp_live_per_token(prof: "ModelProfile", policy_index: int, mlp_chunks: int) -> tuple[float, float]:
+    """(elements, fixed bytes) per token the MLP holds live during its recompute/backward phase: one tile of
+    its inner tensors when the MLP is tiled (``mlp_chunks`` > 1), else the policy's live set."""
+    if mlp_chunks > 1:
+        return prof.mlp_inner.other / mlp_chunks, prof.mlp_inner.fixed / mlp_chunks
+    live = prof.mlp_live[policy_index]
+    return live.other, live.fixed
+
+
 def _freeze(value):
     """JSON lists back to the tuples a frozen profile holds (recursively)."""
     if isinstance(value, (list, tuple)):
@@ -262,5 +271,6 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     )
 
 
-__all__ = ["FA_BACKWARD_FACTOR", "LOSS_FP32_BYTES", "LOSS_POINTWISE_BWD_BYTES", "LOSS_POINTWISE_FWD_BYTES",
-           "POLICY_INDEX", "PROFILE_SCHEMA", "Elems", "ModelProfile", "analytic_profile"]
+__all__ = ["Elems", "FA_BACKWARD_FACTOR", "LOSS_FP32_BYTES", "LOSS_POINTWISE_BWD_BYTES",
+           "LOSS_POINTWISE_FWD_BYTES", "ModelProfile", "POLICY_INDEX", "PROFILE_SCHEMA", "analytic_profile",
+           "mlp_live_per_token"]
