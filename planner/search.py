@@ -171,7 +171,7 @@ class _Study:
             done[0] += 1
             bar.update()
 
-        for _ in range(n):  # one pass, unless a shared study loses a race (below)
+        while done[0] < n:  # one pass, unless a worker of a shared study loses a race (below)
             try:
                 self.study.optimize(self._objective, n_trials=n - done[0], timeout=timeout, callbacks=[count])
                 break
@@ -182,11 +182,8 @@ class _Study:
                 if self.shared is None or "Cannot tell a COMPLETE trial" not in str(err):
                     raise
                 done[0] += 1
-                if deadline is not None:
-                    timeout = deadline - time.monotonic()
-                    if timeout <= 0:
-                        break
-                if done[0] >= n:
+                timeout = None if deadline is None else deadline - time.monotonic()
+                if timeout is not None and timeout <= 0:
                     break
         self.n_trials += done[0]
         if done[0] < n:
