@@ -292,11 +292,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         if ctx.fragments:
             _distinct_window_layer_types(ds_engine.module, windows)
     if packed or windows:
-        from autosp.compiler.runtime import _CHUNKS_AND_SPANS, rule_key
+        from autosp.compiler.runtime import refuse_chunks_with_spans, rule_key
 
-        if candidate.sequence_chunks > 1:
-            raise UsageError(_CHUNKS_AND_SPANS)
-
+        refuse_chunks_with_spans(candidate.sequence_chunks)
         ctx.rule = rule_key(ctx)
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
