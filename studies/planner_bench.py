@@ -142,10 +142,11 @@ def max_ctx_rows(lines: list[str]) -> None:
 
 EXPLANATION = """\
 Why the numbers differ from ALST's
-- Same recipe: the planner's max-ctx plans are ALST's (ZeRO-3, ZeRO-Offload of the optimizer, full
-  checkpointing with the checkpoints offloaded to host memory, tiled MLP and logits+loss, sp = GPUs, and on
-  one GPU the parameters offloaded too, as ALST's 1-GPU recipe does), so the gap is the memory model, not the
-  search (exhaustive search agrees with Optuna).
+- Not the same recipe: besides ALST's knobs (ZeRO-3, optimizer and, on one GPU, parameter offload, tiled
+  logits+loss, checkpoint offload) the planner runs each decoder layer in sequence chunks (FPDT's idea,
+  docs/cost_model.md section 11), which ALST does not; with chunks off and ALST's recipe pinned (`--fix`) the
+  planner gives 727k and 4.51M (commands in docs/cost_model.md section 8). The search is not the gap: the
+  exhaustive search agrees with Optuna.
 - ALST's lengths are lengths that ran, not maxima; the cost model reproduces every published ALST run as
   fitting and its iteration time within 7% from 1M tokens (studies/published_gpu.py), but it may still be
   optimistic about the boundary: the analytic model has no allocator
