@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -103,12 +104,32 @@ def launch_command(options: MeasureOptions, hardware, world: int) -> list[str]:
     return shlex.split(text)
 
 
-def _last_error(text: str) -> str:
+_TRAIN_ERROR = re.compile(r"^autosp-train(?: \[rank \d+\])?: (?:internal )?error")
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?[\w.]*(?:Error|Exception)\b.*:")
+_EXIT_CODE = re.compile(r"^exitcode\s*:\s*(-?\d+)")
+
+
+def failure_reason(text: str) -> str:
+    """The root cause of a failed autosp-train launch, from its combined output.
+
+    torchrun ends every failure with its own ``ChildFailedError`` banner, so the last line that looks like an
+    error is never the cause: prefer what autosp-train itself said (the first rank to speak), then the last
+    exception that is not the launcher's, then the exit code the launcher's summary names (a negative one is
+    the signal that killed the rank, e.g. -9 when the host ran out of memory)."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if _TRAIN_ERROR.match(line):
+            return line[:400]
     for line in reversed(lines):
-        if "autosp-train: error:" in line or "Error" in line.split(":")[0]:
-            return line[:300]
-    return (lines[-1][:300] if lines else "no output")
+        if _EXCEPTION.match(line) and "ChildFailedError" not in line and "torch.distributed.elastic" not in line:
+            return line[:400]
+    for line in lines:
+        code = _EXIT_CODE.match(line)
+        if code and int(code.group(1)) < 0:
+            return f"a rank was killed by signal {-int(code.group(1))}"
+        if code:
+            return f"a rank exited with code {code.group(1)} without an error message"
+    return lines[-1][:400] if lines else "no output"
 
 
 def run_one(plan, options: MeasureOptions, workdir: str, index: int) -> dict:
@@ -149,7 +170,7 @@ def run_one(plan, options: MeasureOptions, workdir: str, index: int) -> dict:
             rows = [json.loads(line) for line in f if line.strip()]
     measured = rows[options.warmup:]
     if code != 0 or not measured:
-        why = _last_error(output) if code != 0 else "no step was logged after the warm-up"
+        why = failure_reason(output) if code != 0 else "no step was logged after the warm-up"
         return {"status": f"failed (exit {code}): {why}", "command": shlex.join(cmd), "wall_s": round(wall, 2)}
     step = statistics.median(r["step_time_s"] for r in measured)
     tokens_per_step = measured[0]["tokens_per_s"] * measured[0]["step_time_s"]

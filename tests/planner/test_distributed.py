@@ -210,3 +210,34 @@ def test_the_measurement_decides_and_a_failed_run_never_wins():
     best, how, _ = choose([row(1, "timeout after 9 s"), row(2, "failed (exit 1): x"), row(3, "failed (exit 1): y")],
                           pairs)
     assert best[0] == a and how.startswith("prediction")
+
+
+TORCHRUN_TAIL = """\
+E1203 07:01:02.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1) local_rank: 0
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+autosp.compiler.train_cli FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  exitcode  : {code} (pid: 4243)
+  error_file: <N/A>
+"""
+
+
+def test_a_failed_launch_is_explained_by_its_root_cause_not_by_torchrun_banner():
+    """torchrun's ChildFailedError banner comes last in every failed launch; the reason a measured run failed
+    must be what the rank said (or the signal that killed it), never that banner."""
+    from autosp.planner.measure import failure_reason
+
+    said = ("autosp-train [rank 1]: internal error: RuntimeError: pinned memory is not available (at x.py:3; "
+            "input: --plan p.json). This is a bug in autosp\n")
+    assert failure_reason(said + TORCHRUN_TAIL.format(code=1)).startswith("autosp-train [rank 1]: internal error")
+    raw = "[rank0]: Traceback (most recent call last):\n[rank0]: ValueError: bad shard\n"
+    assert failure_reason(raw + TORCHRUN_TAIL.format(code=1)) == "[rank0]: ValueError: bad shard"
+    assert failure_reason(TORCHRUN_TAIL.format(code=-9)) == "a rank was killed by signal 9"
+    assert "ChildFailedError" not in failure_reason(TORCHRUN_TAIL.format(code=1))
+    assert failure_reason("") == "no output"
