@@ -163,6 +163,19 @@ def compare(sp: dict, ref: dict) -> dict:
     return out
 
 
+def assert_within(result: dict, tol) -> dict:
+    """Assert that a spawned case ran (no ``crash``) and that its worst loss, gradient and weight errors
+    (:func:`compare`) are within ``tol``: one bound for all three, or a dict with ``loss``, ``grad``, ``weight``.
+    Returns ``result`` for the case's own further checks."""
+    assert "crash" not in result, result.get("crash")
+    bound = tol if isinstance(tol, dict) else {"loss": tol, "grad": tol, "weight": tol}
+    errors = result["errors"]
+    assert errors["loss"] <= bound["loss"], errors
+    assert errors["grad"][0] <= bound["grad"], errors
+    assert errors["weight"][0] <= bound["weight"], errors
+    return result
+
+
 def run_cases(rank: int, names, run_one) -> dict:
     """``{name: run_one(name)}`` for every case, each on a fresh Dynamo; a case that raises is recorded as
     ``{"crash": traceback}`` so one broken case does not hide the others. Rank 0 adds ``seconds``."""
@@ -201,5 +214,5 @@ def capture_graph(fn, *args, **kwargs):
     return box["gm"], box["inputs"]
 
 
-__all__ = ["capture_graph", "compare", "free_port", "full_grad", "full_weight", "packed_loss", "reference_run", "rel_err",
-           "run_cases", "sp_run", "spawn"]
+__all__ = ["assert_within", "capture_graph", "compare", "free_port", "full_grad", "full_weight", "packed_loss",
+           "reference_run", "rel_err", "run_cases", "sp_run", "spawn"]

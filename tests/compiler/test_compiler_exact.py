@@ -16,6 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autosp.compiler.testing import assert_within
+
 TOL = 1e-5
 VOCAB = 97
 
@@ -228,12 +230,7 @@ def _result(request, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXACT))
 def test_exact_against_single_process(request, name):
-    result = _result(request, name)
-    assert "crash" not in result, result.get("crash")
-    errors = result["errors"]
-    assert errors["loss"] <= TOL, errors
-    assert errors["grad"][0] <= TOL, errors
-    assert errors["weight"][0] <= TOL, errors
+    result = assert_within(_result(request, name), TOL)
     stats = result["stats"]
     assert stats.attention >= 1 and stats.losses >= 1 and stats.label_shifts_removed >= 1
 
@@ -250,12 +247,7 @@ def test_weights_match_with_gradient_clipping_in_effect(request):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(BF16))
 def test_bf16_close_to_fp32_single_process(request, name):
-    result = _result(request, name)
-    assert "crash" not in result, result.get("crash")
-    errors = result["errors"]
-    assert errors["loss"] <= BF16_TOL["loss"], errors
-    assert errors["grad"][0] <= BF16_TOL["grad"], errors
-    assert errors["weight"][0] <= BF16_TOL["weight"], errors
+    assert_within(_result(request, name), BF16_TOL)
 
 
 @pytest.mark.slow

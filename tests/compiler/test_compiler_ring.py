@@ -21,6 +21,8 @@ import torch.nn.functional as F
 
 from test_compiler_exact import BF16_TOL, TOL, VOCAB, Z3, hf_model, make_batches, reference_llama, sgd  # noqa: E402
 
+from autosp.compiler.testing import assert_within
+
 SHAPES_SEQ = 48  # sequence of the shape-checked cases: s = 12 per rank, blocks of 12 / 24, S = 48 (no model dim)
 
 
@@ -174,11 +176,7 @@ def _ok(world4, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXACT))
 def test_ring_exact_against_single_process(world4, name):
-    result = _ok(world4, name)
-    errors = result["errors"]
-    assert errors["loss"] <= TOL, errors
-    assert errors["grad"][0] <= TOL, errors
-    assert errors["weight"][0] <= TOL, errors
+    result = assert_within(world4[name], TOL)
     assert result["attention"] >= 1 and result["losses"] == 1
     if "full" in name:  # ring attention is attention: recomputed only under full checkpointing
         assert any(r.get("attention") for r in result["recomputed"]), result["recomputed"]
@@ -189,10 +187,7 @@ def test_ring_exact_against_single_process(world4, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(BF16))
 def test_ring_bf16_close_to_fp32_single_process(world4, name):
-    errors = _ok(world4, name)["errors"]
-    assert errors["loss"] <= BF16_TOL["loss"], errors
-    assert errors["grad"][0] <= BF16_TOL["grad"], errors
-    assert errors["weight"][0] <= BF16_TOL["weight"], errors
+    assert_within(world4[name], BF16_TOL)
 
 
 @pytest.mark.slow
