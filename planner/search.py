@@ -176,9 +176,10 @@ class _Study:
                 self.study.optimize(self._objective, n_trials=n - done[0], timeout=timeout, callbacks=[count])
                 break
             except ValueError as err:
-                # Two workers of a shared study can pop the same enqueued warm start (Optuna's RDB storage does
-                # not lock the waiting-trial queue on SQLite, optuna/optuna#4621): the slower one cannot tell a
-                # trial the other completed. That trial is scored; go on with the rest.
+                # Two workers of a shared study could pop the same enqueued warm start where the database
+                # ignores SELECT ... FOR UPDATE (optuna/optuna#4621; SQLite study files take the write lock at
+                # BEGIN instead, planner/study.py): the slower one cannot tell a trial the other completed.
+                # That trial is scored; go on with the rest.
                 if self.shared is None or "Cannot tell a COMPLETE trial" not in str(err):
                     raise
                 done[0] += 1

@@ -101,11 +101,19 @@ def open_storage(optuna, url: str):
 
 def _sqlite_pragmas(engine) -> None:
     """Write-ahead log and NORMAL sync for a study file: workers on one machine then read while one
-    writes, and a trial costs no fsync (a crash loses at most the last trials, never the file)."""
+    writes, and a trial costs no fsync (a crash loses at most the last trials, never the file).
+
+    Every transaction also starts with ``BEGIN IMMEDIATE`` (it takes the file's write lock first). Optuna
+    claims an enqueued warm start by reading its state and writing RUNNING under ``SELECT ... FOR UPDATE``,
+    which SQLite ignores: with deferred transactions two workers could both read WAITING and both run the
+    trial, the slower one then failing to tell it (optuna/optuna#4621). Under the write lock the second
+    reads RUNNING and takes the next trial; trials are milliseconds of work, so serialising the workers'
+    transactions costs little."""
     import sqlalchemy as sa
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None  # SQLAlchemy, not the sqlite3 module, begins the transactions
         cursor = dbapi_conn.cursor()
         try:
             cursor.execute("PRAGMA journal_mode=WAL")
@@ -114,6 +122,10 @@ def _sqlite_pragmas(engine) -> None:
             pass
         finally:
             cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections made from now on get the pragmas
 

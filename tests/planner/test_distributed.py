@@ -241,3 +241,23 @@ def test_a_failed_launch_is_explained_by_its_root_cause_not_by_torchrun_banner()
     assert failure_reason(TORCHRUN_TAIL.format(code=-9)) == "a rank was killed by signal 9"
     assert "ChildFailedError" not in failure_reason(TORCHRUN_TAIL.format(code=1))
     assert failure_reason("") == "no output"
+
+
+def test_a_sqlite_study_transaction_takes_the_write_lock_at_begin(tmp_path):
+    """Optuna claims an enqueued warm start by reading WAITING and writing RUNNING in one transaction, under a
+    FOR UPDATE that SQLite ignores: only a transaction that holds the file's write lock from its BEGIN keeps two
+    workers from claiming (and running) the same trial. While one study connection's transaction is open, no
+    other writer gets in."""
+    import sqlite3
+
+    import optuna
+
+    from autosp.planner.study import open_storage
+
+    storage = open_storage(optuna, f"sqlite:///{tmp_path}/study.db")
+    with storage.engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")  # a read-only statement: the transaction it began still locks
+        other = sqlite3.connect(tmp_path / "study.db", timeout=0.2, isolation_level=None)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+        other.close()
