@@ -159,7 +159,9 @@ def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, m
     plan = make_plan(_tiny(), "512", str(EXAMPLES / "cpu2.toml"), dtype="fp32", global_batch=2, trials=8,
                      storage=storage, study_name="measured", worker="m", measure=options)
     table = plan.search["measured"]
-    assert table["chosen_by"] == "measurement" and len(table["results"]) == 1
+    out = tmp_path / "runs" / "candidate0.out"  # what autosp-train printed: shown when the run failed
+    assert table["chosen_by"] == "measurement" and len(table["results"]) == 1, (
+        table["results"], out.read_text()[-4000:] if out.exists() else "no output file")
     row = table["results"][0]
     assert row["status"] == "ok", row
     assert Candidate(**row["candidate"]) == plan.candidate
