@@ -242,10 +242,6 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                                                offload_optimizer=offload_optimizer, ring_size=ring_size)
-    if packed or windows:  # refused before DeepSpeed builds an engine (and gathers or offloads anything)
-        from autosp.compiler.runtime import refuse_chunks_with_spans
-
-        refuse_chunks_with_spans(candidate.sequence_chunks)
 
     from autosp.compiler.backend import make_backend
     from autosp.compiler.context import SPContext

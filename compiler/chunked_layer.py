@@ -10,7 +10,10 @@ the chunks are never fused back into one s-token tensor).
 The runtime's layout (:func:`~autosp.compiler.attention.layout.chunked_rank_spans`) makes a rank's local chunk
 i its share of global chunk i, so after chunk i's all-to-all the rank holds global chunk i for its heads,
 and chunk i attends exactly the key/value chunks <= i (the causal rule on global spans,
-:mod:`autosp.compiler.attention.pieces`: chunks < i in full, chunk i's causal diagonal).
+:mod:`autosp.compiler.attention.pieces`: chunks < i in full, chunk i's causal diagonal). Packed documents and
+sliding windows restrict it further, exactly as for whole layers: the pieces of each batch row's documents and
+the layer's window (:mod:`autosp.compiler.attention.local`, the engine's published documents of this call); a
+chunk pair with nothing to attend (another document, or beyond the window) runs no kernel.
 
 Forward, chunk i = 0 .. n-1 (no autograd)::
 
@@ -59,6 +62,7 @@ from torch import fx
 from autosp.compiler import ops
 from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.layout import chunk_ring_spans, chunk_sizes
+from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
 from autosp.compiler.passes import offload as host
 
@@ -87,9 +91,15 @@ class LayerProgram:
     ulysses: int
     ring: int
     ring_group: str | None
-    returns_lse: bool           # the replaced attention node was ring attention: (out, lse)
+    returns_lse: bool           # the replaced attention node was ring or span attention: (out, lse)
     local_len: int = 0
+    rule: str = ""              # the engine whose packed documents restrict attention ("" for none)
+    window: int = 0             # the layer's sliding window in tokens (0 for none)
     stats: dict = field(default_factory=dict)
+
+    def documents(self, batch: int):
+        """Per batch row: the packed documents this call's attention keeps to (None: one sequence per row)."""
+        return rule_documents(self.rule, batch)
 
     @property
     def sizes(self) -> list[int]:
@@ -221,12 +231,14 @@ class _ForwardState:
 
 
 def _attend_block(p, pg, q, k, v, q_spans, k_spans, acc) -> None:
-    if pg is None:
+    if pg is None and not (p.rule or p.window):
         block_forward(q, k, v, q_spans[0], k_spans[0], p.scale, into=acc)
+    elif pg is None:  # packed documents or a window: the pieces of each row's documents
+        rows_forward(q, k, v, q_spans[0], k_spans[0], p.scale, p.documents(q.shape[0]), p.window, acc)
     else:
         from autosp.compiler.attention.ring import ring_block_forward
 
-        ring_block_forward(q, k, v, p.scale, pg, q_spans, k_spans, acc)
+        ring_block_forward(q, k, v, p.scale, pg, q_spans, k_spans, acc, p.documents(q.shape[0]), p.window)
 
 
 class _BackwardState:
@@ -276,13 +288,17 @@ class _BackwardState:
             if self.pg is None:
                 dk = torch.zeros(kj.shape, dtype=torch.float32, device=kj.device)
                 dv = torch.zeros(vj.shape, dtype=torch.float32, device=vj.device)
-                block_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
-                               into=(dq, dk, dv))
+                if p.rule or p.window:
+                    rows_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
+                                  p.documents(q.shape[0]), p.window, (dq, dk, dv))
+                else:
+                    block_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
+                                   into=(dq, dk, dv))
             else:
                 from autosp.compiler.attention.ring import ring_block_backward
 
                 dk, dv = ring_block_backward(dout, q, kj, vj, self.out, self.lse, p.scale, self.pg, q_spans,
-                                             p.spans(j), dq)
+                                             p.spans(j), dq, p.documents(q.shape[0]), p.window)
             if j == i:
                 dk_i, dv_i = dk, dv
             else:

@@ -126,14 +126,6 @@ def rule_key(ctx: SPContext) -> str:
     return f"engine-{id(ctx):x}"
 
 
-def refuse_chunks_with_spans(sequence_chunks: int) -> None:
-    """Span mode (packed documents, sliding windows) and sequence-chunked layers are not built together: chunked
-    layers attend causally over the whole sequence, so their attention would cross documents and windows."""
-    if sequence_chunks > 1:
-        raise UsageError("sequence_chunks > 1 cannot train packed documents or sliding-window layers yet (chunked "
-                         "layers attend causally over the whole sequence); plan with sequence_chunks=1")
-
-
 class SPEngine:
     """A DeepSpeed engine running the sequence-parallel graph. Build it with :func:`autosp.compile`."""
 
@@ -209,7 +201,6 @@ class SPEngine:
                 raise UsageError("packed documents (position_ids restarting at 0, or seq_lens) reached an engine "
                                  "whose graphs were compiled for one sequence per row; pass packed=True to "
                                  "autosp.compile (or make the first batch packed)")
-            refuse_chunks_with_spans(self.ctx.sequence_chunks)
             self.ctx.rule = rule_key(self.ctx)
         if self.ctx.rule:
             publish(self.ctx.rule, batch.documents)
@@ -275,4 +266,4 @@ class SPEngine:
         return self.ds_engine.step(**kwargs)
 
 
-__all__ = ["SPEngine", "refuse_chunks_with_spans", "rule_key", "sdpa_guard"]
+__all__ = ["SPEngine", "rule_key", "sdpa_guard"]

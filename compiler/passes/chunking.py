@@ -7,8 +7,9 @@ Runs last, on the graph the other passes made: a layer's Ulysses all-to-alls (an
 run per chunk. For each decoder layer (the nodes :func:`~autosp.compiler.passes.checkpointing.assign_layers`
 gives one layer index; under ZeRO-3 a fragment graph with attention and no indexed module is one layer):
 
-- the region's one attention node (SDPA, or ``autosp_ops::ring_attention``) becomes a call of
-  :func:`~autosp.compiler.chunked_layer.attend`;
+- the region's one attention node (SDPA, ``autosp_ops::ring_attention``, or ``autosp_ops::span_attention``
+  for packed documents and sliding windows) becomes a call of :func:`~autosp.compiler.chunked_layer.attend`;
+  the ring and span ops' document rule and window ride along into the chunk pairs' attention;
 - the values the region reads from outside are classified: parameters (graph inputs that are
   ``nn.Parameter``, attributes) go in whole; activations with the local sequence length at dim -2 (the
   hidden states [B, s, h], the rotary tables [B, s, d]) are chunked along it; activations without the
@@ -32,8 +33,8 @@ from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, exampl
 
 
 def _attention_nodes(graph: fx.Graph) -> list:
-    ring = torch.ops.autosp_ops.ring_attention.default
-    return [n for n in graph.nodes if is_call(n, SDPA) or is_call(n, {ring})]
+    restricted = {torch.ops.autosp_ops.ring_attention.default, torch.ops.autosp_ops.span_attention.default}
+    return [n for n in graph.nodes if is_call(n, SDPA) or is_call(n, restricted)]
 
 
 def _layers(gm: fx.GraphModule, ctx: SPContext) -> dict:
@@ -118,16 +119,22 @@ def _resize(node: fx.Node, positions: list[int], new: int) -> None:
     node.args = tuple(args)
 
 
+_RING_ARGS = ("query", "key", "value", "scale", "group", "ranges", "rule", "window")
+_SPAN_ARGS = ("query", "key", "value", "scale", "rule", "window")
+
+
 def _attention_args(node: fx.Node):
-    """(q, k, v, scale, returns_lse) of an SDPA or ring-attention node."""
+    """(q, k, v, scale, returns_lse, rule, window) of an SDPA, ring- or span-attention node (``rule``: the
+    engine whose packed documents apply, "" for none; ``window``: the layer's sliding window, 0 for none)."""
     if is_call(node, SDPA):
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"] or args["dropout_p"]:
             fail("sequence_chunks needs causal attention without a mask or dropout (the mask pass makes it so for "
                  "causal models); re-plan with sequence_chunks=1", node)
-        return args["query"], args["key"], args["value"], args["scale"], False
-    q, k, v, scale = node.args[:4]
-    return q, k, v, scale, True
+        return args["query"], args["key"], args["value"], args["scale"], False, "", 0
+    names = _SPAN_ARGS if is_call(node, {torch.ops.autosp_ops.span_attention.default}) else _RING_ARGS
+    args = normalized(node, names, {"rule": "", "window": 0})
+    return args["query"], args["key"], args["value"], args["scale"], True, args["rule"], args["window"]
 
 
 def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, key_of) -> None:
@@ -141,7 +148,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
         fail(f"sequence_chunks={ctx.sequence_chunks}: a decoder layer has {len(attention)} attention ops; chunked "
              f"layers need exactly one (overlap=head_pipeline splits it: use overlap none or kv_async)", region[0])
     attn = attention[0]
-    q, k, v, scale, returns_lse = _attention_args(attn)
+    q, k, v, scale, returns_lse, rule, window = _attention_args(attn)
 
     external: list = []
     for node in region:
@@ -214,7 +221,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
         q_shape=tuple(example(q).shape), k_shape=tuple(example(k).shape), v_shape=tuple(example(v).shape),
         dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=ctx.sequence_chunks,
         offload=ctx.offload_chunks, global_len=ctx.global_len, ulysses=ctx.ulysses_size, ring=ctx.ring_size,
-        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s)
+        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window)
     key = register(program)
 
     order = {n: i for i, n in enumerate(graph.nodes)}

@@ -262,29 +262,6 @@ def test_head_pipeline_with_chunks_is_refused():
         resolve_candidate(Candidate(sp=2, sequence_chunks=2, overlap="head_pipeline"))
 
 
-def _compile_packed_chunked(rank, world):
-    """autosp.compile with packed=True on a chunked plan, DeepSpeed's initialize replaced by a tripwire."""
-    import deepspeed
-
-    from autosp.compiler.api import compile_model
-
-    def tripwire(*args, **kwargs):
-        raise AssertionError("DeepSpeed built an engine before the refusal")
-
-    deepspeed.initialize = tripwire
-    try:
-        compile_model(reference_llama(), plan=Candidate(sp=1, sequence_chunks=2), packed=True)
-    except UsageError as err:
-        return str(err)
-    return "not refused"
-
-
-def test_chunks_with_packed_documents_are_refused_before_deepspeed_builds_anything():
-    from autosp.compiler.testing import spawn
-
-    assert "sequence_chunks=1" in spawn(_compile_packed_chunked, 1)
-
-
 # --- autosp-train and the measured-trials runner (--measure) on a chunked plan ------------------------------
 @pytest.mark.slow
 def test_autosp_train_and_measure_run_a_chunked_plan(tmp_path):

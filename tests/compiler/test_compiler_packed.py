@@ -110,7 +110,27 @@ EXACT = {
     "llama_sp2_dp2_selective_head_pipeline": (lambda: reference_llama(n_kv=2, n_heads=8), dict(),
                                               dict(plan=dict(sp=2, dp=2, micro_batch=1, checkpointing="selective",
                                                              overlap="head_pipeline"))),
+    # sequence-chunked layers on packed documents (documents cross the chunks as well as the ranks):
+    # SP=2 x DP 2, 3 uneven chunks of the 16 local tokens, seq_lens
+    "llama_sp2_dp2_chunks3_seq_lens": (reference_llama, dict(form="seq_lens"),
+                                       dict(plan=dict(sp=2, dp=2, micro_batch=1, sequence_chunks=3))),
+    # SP=4, two rows packed differently, 2 chunks kept in host memory, full checkpointing
+    "llama_sp4_rows_chunks2_offload_full": (reference_llama, dict(),
+                                            dict(plan=dict(sp=4, micro_batch=2, sequence_chunks=2, offload_chunks=True,
+                                                           checkpointing="full"))),
+    # U 2 x R 2 ring with 2 chunks: the documents cross zigzag blocks and chunks
+    "llama_u2r2_chunks2": (reference_llama, dict(), dict(plan=dict(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
+    # sliding window 5 across chunks (4 local tokens a chunk), SP=4; and on a U 2 x R 2 ring
+    "hf_mistral_window5_sp4_chunks2": (mistral, dict(), dict(plan=dict(sp=4, micro_batch=2, sequence_chunks=2))),
+    "hf_mistral_window5_u2r2_chunks2": (mistral, dict(),
+                                        dict(plan=dict(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
+    # a global and a windowed layer under ZeRO-3, chunked
+    "hf_qwen2_mixed_window_zero3_chunks2": (qwen2_mixed, dict(),
+                                            dict(plan=dict(sp=4, zero_stage=3, micro_batch=2, sequence_chunks=2),
+                                                 ds_config=Z3)),
 }
+CHUNKED = [name for name, (_, _, kw) in EXACT.items() if isinstance(kw.get("plan"), dict)
+           and kw["plan"].get("sequence_chunks", 1) > 1]
 
 
 def _record_joint_graph_shapes(shapes: list):
@@ -138,7 +158,8 @@ def run_cases(rank, world, names):
                 restore()
         if rank == 0:
             ref = testing.reference_run(model, batches, sgd, loss_fn=testing.packed_loss)
-            return {"errors": testing.compare(got, ref), "attention": got["stats"].attention, "shapes": shapes}
+            return {"errors": testing.compare(got, ref), "attention": got["stats"].attention, "shapes": shapes,
+                    "layers_chunked": got["stats"].layers_chunked}
         return None
 
     return testing.run_cases(rank, names, run_one)
@@ -161,6 +182,12 @@ def _ok(world4, name):
 @pytest.mark.parametrize("name", list(EXACT))
 def test_packed_exact_against_documents_run_one_by_one(world4, name):
     assert_within(world4[name], TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHUNKED)
+def test_chunked_cases_ran_their_layers_in_chunks(world4, name):
+    assert _ok(world4, name)["layers_chunked"] >= 1
 
 
 @pytest.mark.slow

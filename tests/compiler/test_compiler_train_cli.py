@@ -96,6 +96,14 @@ def _train_packed(rank, world, argv):
     return code, ops.CALLS["span_attention"]
 
 
+def _train_packed_chunked(rank, world, argv):
+    from autosp.compiler import ops
+    from autosp.compiler.train_cli import main
+
+    code = main(argv)
+    return code, ops.CALLS["chunked_layer"]
+
+
 @pytest.mark.slow
 def test_train_packed_documents_from_a_token_file(tmp_path):
     import numpy as np
@@ -112,5 +120,25 @@ def test_train_packed_documents_from_a_token_file(tmp_path):
         "--data", str(tmp_path / "docs.npy"), "--doc-sep", "5", "--log-json", str(log)])
     assert code == 0
     assert span_calls >= 2 * 2  # every layer of every step ran document-restricted attention
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and abs(steps[0]["loss"] - 4.57) < 0.2
+
+
+@pytest.mark.slow
+def test_train_packed_documents_with_sequence_chunked_layers(tmp_path):
+    """A plan with sequence-chunked layers trains packed documents (the chunks keep to the documents)."""
+    import numpy as np
+
+    from autosp.compiler import testing
+
+    rng = np.random.default_rng(1)
+    docs = [np.append(rng.integers(6, 97, size=n), 5) for n in rng.integers(1, 30, size=200)]
+    np.save(tmp_path / "docs.npy", np.concatenate(docs).astype(np.int64))
+    plan = write_plan(tmp_path / "chunks.json", Candidate(sp=2, sequence_chunks=2, offload_chunks=True), seq_len=64)
+    log = tmp_path / "steps.jsonl"
+    code, chunked_calls = testing.spawn(_train_packed_chunked, 2, [
+        "--plan", str(plan), "--steps", "2", "--backend", "aot_eager", "--data", str(tmp_path / "docs.npy"),
+        "--doc-sep", "5", "--log-json", str(log)])
+    assert code == 0 and chunked_calls >= 2 * 2  # every layer of every step ran chunked
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and abs(steps[0]["loss"] - 4.57) < 0.2

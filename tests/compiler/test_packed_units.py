@@ -190,14 +190,3 @@ def test_packing_a_token_file_the_hugging_face_way():
     for row in range(2):  # the engine finds the same documents the labels describe
         docs = document_spans(batch["position_ids"][row])
         assert [a for a, _ in docs] == (batch["labels"][row] == -100).nonzero().flatten().tolist()
-
-
-def test_sequence_chunks_are_refused_with_packed_documents_or_windows():
-    import pytest
-
-    from autosp.compiler.runtime import refuse_chunks_with_spans
-    from autosp.errors import UsageError
-
-    refuse_chunks_with_spans(1)  # unchunked layers train packed data
-    with pytest.raises(UsageError, match="sequence_chunks=1"):
-        refuse_chunks_with_spans(4)
