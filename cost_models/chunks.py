@@ -77,21 +77,31 @@ def compute_factor(sh: Shapes) -> float:
     the same as unchunked, so the time factor is (1/g_d + (N-1)/g_o) / N with the block speeds g of
     :func:`ring.kernel_speed` (exactly the ring's form). With a ring each of its 2R zigzag chunks is cut N times
     more: priced as R x N steps of blocks of S_pad / (2RN) tokens (an approximation: the diagonal steps are
-    counted once per ring step and chunk). N = 1 gives :func:`ring.compute_factor`."""
+    counted once per ring step and chunk). N = 1 gives :func:`ring.compute_factor`.
+
+    Packed documents and sliding windows already run their attention in per-document (per-band) pieces, the
+    factor :func:`ring.compute_factor` prices; chunk boundaries cut those pieces again only where a piece
+    crosses one. The larger of the two factors is taken: right at both ends (documents much shorter than a
+    chunk: the chunks add almost no cut; one document per sequence: the chunk factor), a little optimistic in
+    between (docs/cost_model.md section 14)."""
     N = sh.N
+    unchunked = ring.compute_factor(sh)
     if N == 1:
-        return ring.compute_factor(sh)
+        return unchunked
     base = ring.kernel_speed(sh.S_pad, ring.CAUSAL_HALF_TOKENS)
     if sh.R == 1:
         n = sh.S_pad / N
         diag = ring.kernel_speed(n, ring.CAUSAL_HALF_TOKENS) / base
         off = min(1.0, ring.kernel_speed(n, ring.FULL_HALF_TOKENS) / base)
-        return (1.0 / diag + (N - 1) / off) / N
-    c = sh.S_pad / (2 * sh.R * N)
-    diag = ring.kernel_speed(2 * c, ring.CAUSAL_HALF_TOKENS) / base
-    off = min(1.0, ring.kernel_speed(c, ring.FULL_HALF_TOKENS) / base)
-    steps = sh.R * N
-    return (1.0 / diag + (steps - 1) / off) / steps
+        chunked = (1.0 / diag + (N - 1) / off) / N
+    else:
+        c = sh.S_pad / (2 * sh.R * N)
+        diag = ring.kernel_speed(2 * c, ring.CAUSAL_HALF_TOKENS) / base
+        off = min(1.0, ring.kernel_speed(c, ring.FULL_HALF_TOKENS) / base)
+        steps = sh.R * N
+        chunked = (1.0 / diag + (steps - 1) / off) / steps
+    restricted = sh.doc_lens or (0 < sh.window < sh.S_pad and sh.windowed)
+    return max(chunked, unchunked) if restricted else chunked
 
 
 def saved_bytes_per_token(sh: Shapes) -> float:

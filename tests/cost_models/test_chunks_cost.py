@@ -209,6 +209,20 @@ def test_chunked_attention_block_speed():
                                                                       Candidate(sp=8, ring=2)))
 
 
+
+def test_chunked_attention_on_packed_documents_runs_at_the_slower_of_the_two_cuts():
+    """Short documents already cut attention into short kernels: chunking adds (almost) nothing on top, so the
+    factor is the documents' own; with one document per sequence it is the chunks'."""
+    def factor(chunks_n, doc_lens=()):
+        return chunks.compute_factor(Shapes(LLAMA, Workload(seq_len=1_048_576, doc_lens=doc_lens),
+                                            Candidate(sp=8, sequence_chunks=chunks_n)))
+
+    short = ((2048, 512),)  # 512 documents of 2k tokens
+    assert factor(16, short) == pytest.approx(factor(1, short)) and factor(1, short) > factor(16)
+    whole = ((1_048_576, 1),)  # one document: the chunk factor, as without documents
+    assert factor(16, whole) == pytest.approx(max(factor(16), factor(1, whole)))
+    assert factor(16, whole) >= factor(16)
+
 def test_all_to_all_and_ring_pay_one_latency_per_chunk():
     hw = resolve_hardware("h100x8")
     one = comm.ulysses_layer_times(hw, Shapes(LLAMA, Workload(seq_len=131_072), Candidate(sp=8)))
