@@ -241,13 +241,8 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     def forward():
         return engine(input_ids=ids, labels=labels, **extra)
 
-    from autosp.cost_models import deepspeed_buffers as ds
-
-    buckets = {ds.REDUCE_BUCKET_SIZE, ds.reduce_bucket_elements(cfg.model.n_params()), ds.ALLGATHER_BUCKET_SIZE,
-               ds.STAGE3_PREFETCH_BUCKET_SIZE}
-    bucket_bytes = frozenset(n * e for n in buckets for e in (2, 4))
     dyn = memory.attributed_peak(forward, engine.backward, engine.step, engine.module, engine.optimizer,
-                                 cfg.model.vocab, device, bucket_bytes)
+                                 cfg.model.vocab, device, memory.zero_bucket_bytes(cfg.model.n_params()))
     for _ in range(cfg.grad_accum - 1):
         micro()
     gc.collect()

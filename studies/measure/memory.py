@@ -244,6 +244,17 @@ def _owned_ptrs(module, optimizer) -> dict:
     return out
 
 
+def zero_bucket_bytes(n_params: int) -> frozenset:
+    """Sizes in bytes (2- and 4-byte elements) of the buckets DeepSpeed allocates at every backward under the
+    configs autosp writes (reduce, all-gather, ZeRO-3 prefetch; the reduce bucket capped at the model's size):
+    :func:`attributed_peak` counts a block of exactly such a size as a ZeRO buffer, not as activations."""
+    from autosp.cost_models import deepspeed_buffers as ds
+
+    buckets = {ds.REDUCE_BUCKET_SIZE, ds.reduce_bucket_elements(n_params), ds.ALLGATHER_BUCKET_SIZE,
+               ds.STAGE3_PREFETCH_BUCKET_SIZE}
+    return frozenset(n * e for n in buckets for e in (2, 4))
+
+
 def attributed_peak(forward, backward, step, module, optimizer, vocab: int, device,
                     bucket_bytes: frozenset = frozenset()) -> dict:
     """One training micro-step (``forward() -> loss``, ``backward(loss)``, ``step()``) measured three ways:
@@ -258,6 +269,11 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
       with ``torch.empty(reduce_bucket_size)`` at every backward and releases them after it), and
       ``other`` (the backward working set, the loss's transient tensors, all-to-all staging, ZeRO-3's
       gathered parameters, ...).
+    - ``before_step`` (CPU): ``peak`` and ``at_peak`` over the forward and backward only. Activations are
+      gone before the optimizer step, so this is the peak to compare with a prediction of activations: in a
+      tiny model whose activations are small the step's own allocations (ZeRO's flattened gradient partition,
+      the all-gather of the updated weights) can make the whole step's peak, and attributing that peak to
+      activations would blame them for the optimizer.
     """
     saved = SavedTensors(param_storage_keys(module), vocab, device)
     owned = {"gradients": set(), "zero_buffers": set()}
@@ -278,7 +294,8 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
                 h.remove()
         for kind, ptrs in _owned_ptrs(module, optimizer).items():
             owned[kind] |= ptrs
-        step()
+        with torch.profiler.record_function(_STEP_MARK):
+            step()
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -302,17 +319,41 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = []
+    step_start = None
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         ev = stack.pop()
         if ev.typed[0] == _EventType.Allocation and ev.typed[1].device.type == "cpu":
             f = ev.typed[1]
             events.append((ev.start_time_ns, f.allocation_id, f.ptr, f.alloc_size, f.total_allocated))
+        elif ev.name == _STEP_MARK:
+            step_start = ev.start_time_ns
         stack.extend(ev.children)
     out = {"saved": saved.summary(), "method": "torch.profiler profile_memory total_allocated", "events": len(events)}
     if not events:
-        return {**out, "peak": 0, "end": 0, "at_peak": {}}
+        return {**out, "peak": 0, "end": 0, "at_peak": {},
+                "before_step": {"peak": 0, "at_peak": {}, "other_largest_blocks": []}}
     events.sort()
+    kinds = {key[1]: kind for key, (_, kind, _, _) in saved.saved.items()}
+    best, at_peak, other_blocks, best_t, current = _peak(events, kinds, owned, bucket_bytes)
+    before = [e for e in events if step_start is None or e[0] < step_start]
+    before_best, before_at_peak, before_other = (_peak(before, kinds, owned, bucket_bytes)[:3] if before
+                                                 else (0, {}, []))
+    span = max(1, events[-1][0] - events[0][0])
+    return {**out, "peak": best, "end": current, "at_peak": at_peak,
+            "other_largest_blocks": sorted(other_blocks, reverse=True)[:6],
+            "peak_at_fraction_of_step": round((best_t - events[0][0]) / span, 3),
+            "before_step": {"peak": before_best, "at_peak": before_at_peak,
+                            "other_largest_blocks": sorted(before_other, reverse=True)[:6]}}
+
+
+_STEP_MARK = "autosp.studies.optimizer_step"
+"""The profiler range around the optimizer step: what allocates after its start is the step's."""
+
+
+def _peak(events, kinds, owned, bucket_bytes) -> tuple:
+    """(peak bytes above the first event's baseline, those bytes attributed, the sizes of the unattributed
+    blocks, the peak's time, the bytes at the last event) over time-sorted allocation ``events``."""
     base = events[0][4] - events[0][3]
     live: dict = {}
     best, best_live, best_t, current = -1, {}, events[0][0], 0
@@ -324,7 +365,6 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
         current = total - base
         if current > best:
             best, best_live, best_t = current, dict(live), t
-    kinds = {key[1]: kind for key, (_, kind, _, _) in saved.saved.items()}
     at_peak = {"activations": 0, "logits_loss": 0, "gradients": 0, "zero_buffers": 0, "other": 0}
     other_blocks = []
     for ptr, size in best_live.items():
@@ -338,10 +378,7 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
         else:
             at_peak["other"] += size
             other_blocks.append(size)
-    span = max(1, events[-1][0] - events[0][0])
-    return {**out, "peak": best, "end": current, "at_peak": at_peak,
-            "other_largest_blocks": sorted(other_blocks, reverse=True)[:6],
-            "peak_at_fraction_of_step": round((best_t - events[0][0]) / span, 3)}
+    return best, at_peak, other_blocks, best_t, current
 
 
 class _MallInfo2(ctypes.Structure):
