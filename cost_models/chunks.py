@@ -16,7 +16,8 @@ layers") derives every term; the short version, per layer:
   backward working set, for c tokens), the all-to-all staging buffers, a ring's buffers.
 - **What stays full-length**: the layer's output gradient and the input gradient being assembled (2h per token),
   the kept sets of all layers, and the dK/dV accumulators (every later query chunk adds to them; fp32, like the
-  ring's), plus fp32 accumulators of the layer's weight gradients (summed over the chunks) for 16-bit weights.
+  ring's), plus fp32 accumulators of the layer's weight gradients (summed over the chunks) and one chunk's
+  weight gradients being added to them.
 - **offload_chunks** moves the kept chunks and the backward's dK/dV accumulators to host memory; the device
   holds prefetch buffers: two chunks of one layer's kept set (the one in use, the next arriving), two K/V
   chunks and two fp32 dK/dV chunks (one in use, one in flight).
@@ -118,7 +119,9 @@ def transient_bytes(sh: Shapes, mlp_chunks: int, offload: bool) -> float:
     memory.layer_transient_phases (the chunk's layer recomputed with autograd) without their residual-gradient
     part; the ring's backward buffers. Full-length (s tokens): the residual gradients (2h); without offload the
     fp32 dK/dV accumulators (2k' x 4), with offload CHUNK_KV_BUFFERS chunks each of K/V and of accumulators.
-    Plus the fp32 accumulators of the layer's weight gradients (summed over the chunks) for 16-bit weights."""
+    Plus the layer's weight gradients: their fp32 accumulators (summed over the chunks, whatever the training
+    dtype: the op allocates them afresh, apart from the parameters' .grad) and one chunk's gradients in the
+    training dtype, alive while they are added (and, for 16-bit weights, the copy the op returns)."""
     p = sh.prof
     i = POLICY_INDEX[RECOMPUTE_POLICY]
     e, c, s = sh.e, sh.c, sh.s
@@ -137,7 +140,7 @@ def transient_bytes(sh: Shapes, mlp_chunks: int, offload: bool) -> float:
         state = CHUNK_KV_BUFFERS * c * kv * (e + ACCUMULATOR_BYTES)
     else:
         state = s * kv * ACCUMULATOR_BYTES
-    weight_grads = 4.0 * sh.layer_params if e < 4 else 0.0
+    weight_grads = (ACCUMULATOR_BYTES + e) * sh.layer_params
     return s * residual * e + state + c * max(mlp_chunk, attn_chunk) + weight_grads
 
 

@@ -13,10 +13,9 @@ Per rank (the worse rank reported), in one measured step after a compiling one:
   host copies offload made;
 - ``peak``: the bytes the step allocated on top of what existed when it began, at their peak: saved
   activations + the transient working set + gradients (studies/measure/memory.py ``attributed_peak``, the
-  harness's profiler of c10's CPU allocator); ``act peak``: the peak of the forward and backward alone (the
-  optimizer step allocates no activations; in this tiny model its flattened ZeRO buffers can otherwise make the
-  step's peak) less the gradients and ZeRO buffers alive at it (the harness's attribution): the saved +
-  transient activation bytes.
+  harness's profiler of c10's CPU allocator); ``act peak``: the most bytes alive at once, over the forward and
+  backward, among the blocks they allocate, gradients and ZeRO buckets left out (``before_step``'s
+  ``activation_peak`` of the harness): the saved + transient activation bytes.
 
 How host copies are counted on CPU: host and device are the same memory here, so "host" is made a separate
 allocation: the chunks' host copies are numpy-allocated buffers (real copies), registered as host copies.
@@ -88,12 +87,8 @@ def _run(rank, world, rows):
         engine.step()
         dyn = memory.attributed_peak(forward, engine.backward, engine.step, engine.module, engine.optimizer,
                                      MODEL.vocab, torch.device("cpu"), memory.zero_bucket_bytes(MODEL.n_params()))
-        before_step = dyn["before_step"]
-        at_peak = before_step["at_peak"]
-        states = at_peak.get("gradients", 0) + at_peak.get("zero_buffers", 0)
         out.append({**row, "saved_device": saved.device_bytes, "saved_host": saved.host_bytes,
-                    "peak": dyn["peak"], "activation_peak": before_step["peak"] - states,
-                    "at_peak": at_peak, "other_largest_blocks": before_step["other_largest_blocks"]})
+                    "peak": dyn["peak"], "activation_peak": dyn["before_step"]["activation_peak"]})
         del engine
     gathered = [None] * world
     import torch.distributed as dist

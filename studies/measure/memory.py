@@ -269,11 +269,11 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
       with ``torch.empty(reduce_bucket_size)`` at every backward and releases them after it), and
       ``other`` (the backward working set, the loss's transient tensors, all-to-all staging, ZeRO-3's
       gathered parameters, ...).
-    - ``before_step`` (CPU): ``peak`` and ``at_peak`` over the forward and backward only. Activations are
-      gone before the optimizer step, so this is the peak to compare with a prediction of activations: in a
-      tiny model whose activations are small the step's own allocations (ZeRO's flattened gradient partition,
-      the all-gather of the updated weights) can make the whole step's peak, and attributing that peak to
-      activations would blame them for the optimizer.
+    - ``before_step`` (CPU): ``peak`` and ``at_peak`` over the forward and backward only, and
+      ``activation_peak``: the most bytes alive at any moment of them among the blocks they allocated, leaving
+      out gradients and ZeRO buckets: the activations and the working set, the figure to compare with a
+      prediction of activations. (The moment of the total peak is the wrong one for that in a small model:
+      it can come in the backward's gradient reduction, when most activations are already freed.)
     """
     saved = SavedTensors(param_storage_keys(module), vocab, device)
     owned = {"gradients": set(), "zero_buffers": set()}
@@ -332,23 +332,49 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
     out = {"saved": saved.summary(), "method": "torch.profiler profile_memory total_allocated", "events": len(events)}
     if not events:
         return {**out, "peak": 0, "end": 0, "at_peak": {},
-                "before_step": {"peak": 0, "at_peak": {}, "other_largest_blocks": []}}
+                "before_step": {"peak": 0, "at_peak": {}, "activation_peak": 0, "other_largest_blocks": []}}
     events.sort()
     kinds = {key[1]: kind for key, (_, kind, _, _) in saved.saved.items()}
     best, at_peak, other_blocks, best_t, current = _peak(events, kinds, owned, bucket_bytes)
     before = [e for e in events if step_start is None or e[0] < step_start]
     before_best, before_at_peak, before_other = (_peak(before, kinds, owned, bucket_bytes)[:3] if before
                                                  else (0, {}, []))
+    activation_peak = _activation_peak(before, owned, bucket_bytes)
     span = max(1, events[-1][0] - events[0][0])
     return {**out, "peak": best, "end": current, "at_peak": at_peak,
             "other_largest_blocks": sorted(other_blocks, reverse=True)[:6],
             "peak_at_fraction_of_step": round((best_t - events[0][0]) / span, 3),
-            "before_step": {"peak": before_best, "at_peak": before_at_peak,
+            "before_step": {"peak": before_best, "at_peak": before_at_peak, "activation_peak": activation_peak,
                             "other_largest_blocks": sorted(before_other, reverse=True)[:6]}}
 
 
 _STEP_MARK = "autosp.studies.optimizer_step"
 """The profiler range around the optimizer step: what allocates after its start is the step's."""
+
+
+def _activation_peak(events, owned, bucket_bytes) -> int:
+    """The most bytes alive at once among the blocks ``events`` allocate, gradients and ZeRO buckets left out.
+
+    ``owned`` holds the data pointers of the gradients alive after the backward; the allocator reuses
+    addresses, so only the *last* allocation at such a pointer is that gradient (an activation freed earlier
+    may have lived there). Frees of blocks allocated before the events are ignored."""
+    last = {}
+    for i, (_, _, ptr, size, _) in enumerate(events):
+        if size > 0:
+            last[ptr] = i
+    states = {last[p] for kind in ("gradients", "zero_buffers") for p in owned.get(kind, ()) if p in last}
+    live: dict = {}
+    current = best = 0
+    for i, (_, _, ptr, size, _) in enumerate(events):
+        if size > 0:
+            if i in states or size in bucket_bytes:
+                continue
+            live[ptr] = size
+            current += size
+            best = max(best, current)
+        else:
+            current -= live.pop(ptr, 0)
+    return best
 
 
 def _peak(events, kinds, owned, bucket_bytes) -> tuple:

@@ -54,7 +54,7 @@ def _hand_chunk_bytes():
     return mlp, attn
 
 
-WEIGHT_GRADS = 4 * TINY.layer_params()   # fp32 accumulators of one layer's weight gradients (bf16 weights)
+WEIGHT_GRADS = (4 + 2) * TINY.layer_params()  # one layer's fp32 weight-gradient accumulators + one chunk's (bf16)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 3])

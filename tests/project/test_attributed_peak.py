@@ -28,3 +28,21 @@ def test_a_step_that_allocates_more_than_the_backward_does_not_become_the_activa
     before = dyn["before_step"]
     assert 0 < before["peak"] < big / 8, before
     assert before["at_peak"]["activations"] > 0 or before["at_peak"]["gradients"] > 0, before
+
+
+def test_the_activation_peak_counts_what_the_forward_keeps_even_after_it_is_freed():
+    """The backward frees what the forward saved before the gradients come: the activation peak is the most
+    alive at once (here the 4 MiB a forward keeps), whatever is alive at the moment of the total peak."""
+    torch.manual_seed(0)
+    module = torch.nn.Linear(256, 256)
+    x = torch.randn(4096, 256)  # 4 MiB of input, saved by the matmul's backward
+    big = 4096 * 256 * 4
+
+    def forward():
+        return torch.tanh(module(x.clone().requires_grad_(False))).sum()
+
+    dyn = attributed_peak(forward, lambda loss: loss.backward(), lambda: None, module, None, vocab=10,
+                          device=torch.device("cpu"))
+    assert dyn["before_step"]["activation_peak"] >= big  # the clone of x and tanh's output, alive together
+    assert dyn["before_step"]["activation_peak"] <= dyn["before_step"]["peak"] + big
+
