@@ -16,17 +16,20 @@ from autosp.planner.diagnose import infeasible_message, more_gpus_hint
 from autosp.planner.explain import explain_runner_ups
 from autosp.planner.plan import Plan, RunnerUp
 from autosp.planner.request import PlanRequest, resolve
+from autosp.planner.search import FAMILY_SWEEP_EVALUATIONS
 from autosp.units import format_tokens
 
-EVALUATIONS_PER_TRIAL = 70
+EVALUATIONS_PER_TRIAL = 75
 """What one Optuna trial costs, in cost-model evaluations: TPE's sampling time per trial over the time of
-one evaluation inside the exhaustive search (studies/search_quality.py measures both; 7.6 ms and 0.103 ms,
-a ratio of 74, in studies/results/search_quality.txt; 69 and 76 in two earlier runs of 60 and 80
-requests)."""
+one evaluation inside the exhaustive search (studies/search_quality.py measures both: 4.2 ms and 0.057 ms,
+a ratio of 75, in studies/results/search_quality_seed0_n150_before_family_sweep.txt; 74 and 56 in earlier
+runs)."""
 
-OPTUNA_FIXED_EVALUATIONS = 1_500
+OPTUNA_FIXED_EVALUATIONS = 2_700 + FAMILY_SWEEP_EVALUATIONS
 """The cost-model calls an Optuna search makes besides its trials: the structure sweep and the local
-refinement (a median of 1,545 calls in all in studies/results/search_quality.txt)."""
+refinement (a median of 2,755 calls, the trials' included, before the family completion existed:
+studies/results/search_quality_seed0_n150_before_family_sweep.txt), and at most FAMILY_SWEEP_EVALUATIONS
+for the family completion."""
 
 
 SECONDS_PER_EVALUATION = 1e-4

@@ -24,6 +24,12 @@ One Optuna study per request, in memory, seeded (same request + same seed = same
    the right region of a space of tens of thousands of points; the climb finishes the last percent
    that a hundred sampler trials rarely reach (without it TPE alone stopped 3-11% short on some of
    the test cases). The climb runs outside the Optuna study (no sampler cost per step).
+5. **Family completion** (:func:`family_sweep`): every candidate of the best-scoring (sp, ring, ZeRO,
+   checkpointing) families is scored, best family first, within :data:`FAMILY_SWEEP_EVALUATIONS` cost-model
+   calls. The steps before find a family's region but can stop short of its best combination of
+   micro-batch, tiling, offload and overlap, which moves several knobs at once (on the space with ring,
+   sequence chunks and parameter offload they stopped at 0.978 of the optimum on 3 of 134 random requests,
+   studies/results/search_quality_seed0_n150_before_family_sweep.txt).
 
 Objectives: ``throughput`` maximises predicted tokens/s. ``max-ctx`` maximises each candidate's
 longest trainable context (binary search through the cost model), then runs a throughput study at the
@@ -50,6 +56,11 @@ MAX_TRIALS = 10_000
 search is asked for by time (``time_budget``), not by count."""
 REFINE_STARTS = 3
 """Local refinement climbs from the best trial of this many different (sp, ring, ZeRO, checkpointing) families."""
+FAMILY_SWEEP_EVALUATIONS = 12_000
+"""Cost-model calls the family completion may spend (~0.7 s at 0.057 ms a call): enough for every family of
+a one-GPU space (16 families, ~17,000 candidates, the fitting ones first) and for the few best families of a
+large one; about 1.5x what the trials and the refinement cost (60 trials x ~75 evaluations' worth of sampler
+time + ~2,750 calls, studies/results/search_quality_seed0_n150_before_family_sweep.txt)."""
 
 
 def _import_optuna():
@@ -368,6 +379,30 @@ def structure_sweep(space, estimate) -> None:
                                        offload_chunks=False), estimate)
 
 
+def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS):
+    """Score, through ``estimate``, every candidate of the (sp, ring, ZeRO, checkpointing) families of the
+    candidates in ``ranked``, in its order (the families of fitting candidates first, then those whose scored
+    members all miss the memory by a little: their best member may fit), skipping a family that would take the
+    calls spent past ``budget``. Returns the best fitting candidate scored, or None."""
+    spent, seen, best = 0, set(), None
+    for cand, _ in ranked:
+        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+        if family in seen:
+            continue
+        seen.add(family)
+        members = replace(space, sp=(cand.sp,), ring=(cand.ring,), zero_stage=(cand.zero_stage,),
+                          checkpointing=(cand.checkpointing,))
+        size = members.size()
+        if spent + size > budget:
+            continue
+        spent += size
+        for member in members.candidates():
+            score = estimate(member)
+            if score.fits and (best is None or score.tokens_per_second > best[1].tokens_per_second):
+                best = (member, score)
+    return best[0] if best else None
+
+
 def _distinct_starts(ranked, k: int) -> list:
     """Where the refinement climbs from: the best fitting candidates of the ``k`` best (sp, ring, ZeRO,
     checkpointing) families, plus the best fitting candidate of every checkpointing policy not among
@@ -470,10 +505,14 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
                 yield done
 
         ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
+    after_refine = evaluator.calls
+    completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq))
+    if completed is not None:
+        ends.append(completed)
     bar.close()
     ranked = ranked_at(evaluator, seq)
     details = {"trial_evaluations": after_trials, "sweep_evaluations": after_sweep - after_trials,
-               "refine_evaluations": evaluator.calls - after_sweep}
+               "refine_evaluations": after_refine - after_sweep, "family_evaluations": evaluator.calls - after_refine}
     if study.stopped_by_deadline:
         details["stopped_by"] = f"time budget after {study.n_trials} trials"
 
@@ -556,6 +595,6 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     return result
 
 
-__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "MAX_TRIALS", "REFINE_STARTS", "WALK_SPEED_FLOOR", "complete",
-           "hill_climb", "node_local_ring", "optuna_max_ctx", "optuna_throughput", "structure_sweep",
-           "warm_starts"]
+__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "FAMILY_SWEEP_EVALUATIONS", "MAX_TRIALS", "REFINE_STARTS",
+           "WALK_SPEED_FLOOR", "complete", "family_sweep", "hill_climb", "node_local_ring", "optuna_max_ctx",
+           "optuna_throughput", "structure_sweep", "warm_starts"]
