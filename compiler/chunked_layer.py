@@ -20,7 +20,8 @@ Forward, chunk i = 0 .. n-1 (no autograd)::
     run the layer program on the chunk's token-wise inputs (hidden states, rotary tables):
         norm, q/k/v projections, RoPE, the chunk's all-to-alls      -> q_i, k_i, v_i  (U*c rows, H/U heads)
         attend: keep k_i, v_i; for j <= i: merge q_i's attention over k_j, v_j by log-sum-exp
-                (blockwise.block_forward; with a ring, ring.ring_block_forward passes k_j, v_j around)
+                (local.rows_forward over blockwise.block_forward; with a ring, ring.ring_block_forward passes k_j, v_j
+                around)
                 keep the merged out_i and lse_i
         the output all-to-all, o_proj, residual, norm, MLP, residual -> y_i (written into the layer output)
 
@@ -32,7 +33,7 @@ intermediates and their all-to-alls are recomputed in the backward, one chunk at
 Backward, chunk i = n-1 .. 0 (reverse: every query chunk >= i has added its dK/dV to chunk i by then)::
 
     recompute the layer program on x_i with autograd, attention replaced by _SavedAttention
-        (returns the saved out_i; its backward runs blockwise.block_backward of q_i against k_j, v_j for
+        (returns the saved out_i; its backward runs local.rows_backward of q_i against k_j, v_j for
         every j <= i with the saved out_i, lse_i: dq_i, and dK_j/dV_j added to float32 accumulators, chunk i's
         own complete now)
     autograd.grad of y_i with the layer output's gradient rows: dx_i, and the weights' gradients summed over
@@ -60,7 +61,6 @@ import torch
 from torch import fx
 
 from autosp.compiler import ops
-from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.layout import chunk_ring_spans, chunk_sizes
 from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
@@ -231,9 +231,7 @@ class _ForwardState:
 
 
 def _attend_block(p, pg, q, k, v, q_spans, k_spans, acc) -> None:
-    if pg is None and not (p.rule or p.window):
-        block_forward(q, k, v, q_spans[0], k_spans[0], p.scale, into=acc)
-    elif pg is None:  # packed documents or a window: the pieces of each row's documents
+    if pg is None:  # the pieces of each row's documents and window (one causal sequence when there are none)
         rows_forward(q, k, v, q_spans[0], k_spans[0], p.scale, p.documents(q.shape[0]), p.window, acc)
     else:
         from autosp.compiler.attention.ring import ring_block_forward
@@ -288,12 +286,8 @@ class _BackwardState:
             if self.pg is None:
                 dk = torch.zeros(kj.shape, dtype=torch.float32, device=kj.device)
                 dv = torch.zeros(vj.shape, dtype=torch.float32, device=vj.device)
-                if p.rule or p.window:
-                    rows_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
-                                  p.documents(q.shape[0]), p.window, (dq, dk, dv))
-                else:
-                    block_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
-                                   into=(dq, dk, dv))
+                rows_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
+                              p.documents(q.shape[0]), p.window, (dq, dk, dv))
             else:
                 from autosp.compiler.attention.ring import ring_block_backward
 
