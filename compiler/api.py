@@ -182,7 +182,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False):
+                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False,
+                  optim=None, lr_scheduler=None):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -201,6 +202,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``, a callable ``params -> optimizer``,
             or None: DeepSpeed's ``optimizer`` section of ``ds_config`` if there is one, else
             ``torch.optim.AdamW(lr=lr)`` (a torch optimizer needs no CUDA extension build).
+        optim: an :class:`autosp.compiler.training.schedule.OptimizerOptions` (lr, min_lr, warmup, schedule
+            constant/linear/cosine, total_steps, weight_decay): the default AdamW gets its lr and weight decay
+            (``lr`` is then ignored) and, unless ``lr_scheduler`` is given, its learning-rate schedule.
+        lr_scheduler: a torch LR scheduler, or a callable ``optimizer -> scheduler``; handed to DeepSpeed,
+            which steps it at every optimizer step and saves it in its checkpoints.
         dtype: ``"fp32"`` or ``"bf16"`` (DeepSpeed bf16: bf16 weights, fp32 master weights); default the plan's.
         backend: ``"inductor"`` (default) or ``"aot_eager"``.
         ds_config: DeepSpeed config entries merged over the generated config
@@ -259,16 +265,24 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             set_z3_leaf_modules_by_name(model, names)
 
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
+    from autosp.compiler.training.schedule import OptimizerOptions, make_optimizer, scheduler_factory
+
+    if optim is not None and not isinstance(optim, OptimizerOptions):
+        raise UsageError("optim must be an autosp.compiler.training.schedule.OptimizerOptions")
+    options = optim if optim is not None else OptimizerOptions(lr=lr)
+    if lr_scheduler is None and optim is not None:
+        lr_scheduler = scheduler_factory(optim)
     if optimizer is None and "optimizer" not in config:
         if offload and torch.cuda.is_available():  # DeepSpeed's CPU Adam runs the offloaded step
-            config["optimizer"] = {"type": "AdamW", "params": {"lr": lr}}
+            config["optimizer"] = {"type": "AdamW", "params": {"lr": options.lr,
+                                                               "weight_decay": options.weight_decay}}
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            optimizer = make_optimizer(options, model.parameters())
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer(model.parameters())
     if offload and optimizer is not None:
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # a torch optimizer steps the host copy
-    ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, lr_scheduler=lr_scheduler)
     if ds_engine.dp_world_size != candidate.world_size:
         raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "
                          f"{candidate.world_size} (remove sequence_parallel_size / mpu settings)")

@@ -25,8 +25,17 @@ def pack_window(tokens, start: int, seq: int, separators) -> tuple[np.ndarray, n
     if ids.size != seq:
         raise ValueError(f"the window [{start}, {start + seq}) runs past the {len(tokens)} tokens")
     starts = np.zeros(seq, dtype=bool)
-    starts[0] = True
     starts[1:] = np.isin(ids[:-1], np.asarray(separators, dtype=np.int64))  # a token after a separator
+    return pack_row(ids, starts)
+
+
+def pack_row(ids: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input ids, position ids, labels) of one packed row whose documents start where ``starts`` (a bool
+    array over the row) is true; the row's first token always starts one (a document cut by the row is
+    trained from its cut). Shared by the token-file path and the text pipeline (autosp.compiler.data)."""
+    seq = ids.size
+    starts = starts.copy()
+    starts[0] = True
     index = np.arange(seq)
     last_start = np.maximum.accumulate(np.where(starts, index, 0))
     positions = index - last_start
@@ -87,4 +96,4 @@ class PackedTokenSource:
         return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
 
-__all__ = ["PackedTokenSource", "check_separators", "first_document_start", "pack_window", "separators"]
+__all__ = ["PackedTokenSource", "check_separators", "first_document_start", "pack_row", "pack_window", "separators"]

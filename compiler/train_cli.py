@@ -23,7 +23,15 @@ What is trained:
 - Weights are random (``--seed``) unless ``--checkpoint`` names a ``torch.save``d state dict or, for a
   Hugging Face model, a directory ``from_pretrained`` can read.
 
-Data: ``--data synthetic`` (random tokens) or a file of token ids: ``.npy`` / ``.pt`` (1-D array or
+Text data: ``--data`` a ``.jsonl`` (``--text-field``, default ``text``), ``.txt`` (paragraphs), ``.parquet``
+or a ``datasets`` ``save_to_disk`` directory: tokenized once with ``--tokenizer DIR`` (default: the model
+directory's) and cached, each document ended by EOS, packed into ``--ctx`` sequences trained document by
+document, shuffled by ``--seed`` (:mod:`autosp.compiler.data`). Optimizer: AdamW, ``--lr --min-lr --warmup
+--lr-schedule --weight-decay --grad-clip`` (:mod:`autosp.compiler.training.schedule`); ``--eval-data
+--eval-every [--eval-steps]``: held-out loss under the same plan; ``--tensorboard DIR``
+(:mod:`autosp.compiler.training.logging` says what each logged figure means).
+
+Token data: ``--data synthetic`` (random tokens) or a file of token ids: ``.npy`` / ``.pt`` (1-D array or
 tensor) or ``.bin`` (raw uint16 tokens, the nanoGPT format; ``--data-dtype`` for others). Each micro-step
 takes dp x micro_batch windows of ``--ctx`` tokens at seeded random offsets; every rank reads the same
 full batch and the engine keeps its shard. Labels are the input ids (the model shifts them).
@@ -42,10 +50,8 @@ hand. Output: one line per optimizer step on rank 0 (``--log-json`` also writes 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 from autosp.errors import UsageError
 
@@ -88,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--ctx", help="tokens per sequence, e.g. 4k, 128Ki (default: the plan's)")
     run.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
-    run.add_argument("--data", default="synthetic", help="'synthetic' or a token file (.npy, .pt, .bin)")
+    run.add_argument("--data", default="synthetic", help="'synthetic', a token file (.npy, .pt, .bin) or text (.jsonl, "
+                                                         ".txt, .parquet, a save_to_disk directory)")
     run.add_argument("--data-dtype", default="uint16", help="element type of a .bin token file (default uint16)")
     run.add_argument("--doc-sep", metavar="ID|eos",
                      help="the token file holds documents ended by this separator id ('eos': the Hugging Face "
@@ -103,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start N training processes on this machine (one per GPU; the plan's sp x dp); not "
                           "needed under torchrun or the deepspeed launcher")
     run.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    from autosp.compiler.training import options  # text data, schedule, evaluation, TensorBoard
+
+    options.add_arguments(parser)
     return parser
 
 
@@ -179,14 +189,6 @@ class TokenSource:
                                           for s in starts.tolist()]))
 
 
-def _peak_memory(torch) -> tuple[float, str]:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30, "GiB device"
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "GiB host RSS"
-
-
 def _preflight(args, argv):
     """Everything checked before torch builds anything (autosp.compiler.preflight); returns what main
     needs: (launch, plan, candidate, facts, seq, tokens)."""
@@ -195,6 +197,10 @@ def _preflight(args, argv):
     from autosp.units import parse_ctx
 
     preflight.check_numbers(args)
+    from autosp.compiler.data import is_text_data
+    from autosp.compiler.training import options
+
+    options.check(args)
     launch = preflight.launch_from_env(args.nproc_per_node)
     if args.log_json:
         from autosp.files import check_output
@@ -223,7 +229,7 @@ def _preflight(args, argv):
         preflight.hf_model_class(facts)  # transformers knows it, and its attention is SDPA
     preflight.check_host_memory(facts, launch, candidate, seq)
     tokens = None
-    if args.data != "synthetic":
+    if args.data != "synthetic" and not is_text_data(args.data):
         tokens = preflight.open_tokens(args.data, args.data_dtype, facts.spec.vocab, seq)
     if args.doc_sep is not None:
         from autosp.compiler import packing
@@ -232,23 +238,30 @@ def _preflight(args, argv):
             raise UsageError("--doc-sep packs the documents of a token file: give --data FILE")
         args.separators = packing.separators(args.doc_sep, facts.hf_config, facts.spec.vocab)
         packing.check_separators(tokens, args.data, args.separators)
+    show = launch.rank == 0 and not os.environ.get("AUTOSP_TRAIN_DATA_SAID")
+    args.prepared = options.prepare_data(args, facts, seq, show=show)  # text tokenized (or read from the cache)
     return launch, plan, candidate, facts, seq, tokens
 
 
-def _write_log(path: str, records: list) -> None:
-    """The step log so far, replaced atomically after every step (a reader never sees half a line)."""
-    from autosp.files import write_text
+def _first_run_notice(what: str, *, cuda: bool = False, offload: bool = False, backend: str = "") -> None:
+    """Rank 0 says what a first run spends minutes on before it does (autosp.compiler.training.first_run)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    from autosp.compiler.training import first_run
 
-    write_text(path, "".join(json.dumps(r) + "\n" for r in records), "--log-json")
+    line = first_run.op_notice(cuda, offload) if what == "op" else first_run.compile_notice(backend)
+    if line:
+        print(line, flush=True)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    launch, plan, _, facts, seq, tokens = _preflight(args, argv)
+    launch, plan, candidate, facts, seq, tokens = _preflight(args, argv)
     if launch.launcher == "spawn":
         from autosp.compiler.train_launch import run_processes, without_nproc_flag
 
+        os.environ["AUTOSP_TRAIN_DATA_SAID"] = "1"  # the children find the data this preflight prepared: no repeat
         return run_processes(launch.world, main, without_nproc_flag(argv))
     import warnings
 
@@ -274,54 +287,46 @@ def main(argv=None) -> int:
         os.environ.setdefault("LOCAL_RANK", "0")
         import deepspeed
 
+        _first_run_notice("op", cuda=cuda, offload=candidate.offload_optimizer)
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     model, description, vocab = _build_model(args, facts, torch)
     _load_checkpoint(model, args.checkpoint, torch)
     dtype = args.dtype or (plan.workload.dtype if plan is not None else ("bf16" if cuda else "fp32"))
-    options = dict(dtype=dtype, backend=args.backend, lr=args.lr)
+    from autosp.compiler.training import options as training_options
+
+    text_source, eval_source = training_options.text_sources(args.prepared, seq, args.seed, torch)
+    options = dict(dtype=dtype, backend=args.backend, optim=training_options.optimizer_options(args),
+                   gradient_clipping=args.grad_clip)
     if plan is None:
         options.update(sp_size=args.sp, ring_size=args.ring, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
                        grad_accum=args.grad_accum)
-    packed = args.doc_sep is not None
-    engine = compile_model(model, plan=plan, packed=packed, **options)
+    packed = args.doc_sep is not None or text_source is not None
+    engine = compile_model(model, plan=plan, packed=packed or eval_source is not None, **options)
     c = engine.candidate
-    if packed:
+    if text_source is not None:
+        data = text_source
+    elif packed:
         from autosp.compiler.packing import PackedTokenSource
 
         data = PackedTokenSource(tokens, seq, args.seed, args.separators, torch)
     else:
         data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
-    records = []
     if rank == 0:
         print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} "
               f"{'packed ' if packed else ''}sequences per micro-step, "
-              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}",
-              flush=True)
-    for step in range(args.steps):
-        start = time.perf_counter()
-        losses = []
-        for micro in range(c.grad_accum):
-            batch = data.batch(step * c.grad_accum + micro, rows)
-            loss = engine(**batch) if packed else engine(input_ids=batch, labels=batch)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-        if cuda:
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-        peak, unit = _peak_memory(torch)
-        record = {"step": step + 1, "loss": sum(losses) / len(losses), "step_time_s": seconds,
-                  "tokens_per_s": rows * seq * c.grad_accum / seconds, "peak_memory_gib": peak,
-                  "memory": unit}
-        if rank == 0:
-            print(f"step {step + 1:>4}  loss {record['loss']:.4f}  step time {seconds:.3f} s  "
-                  f"{record['tokens_per_s']:.0f} tokens/s  peak memory {peak:.2f} {unit}", flush=True)
-            if args.log_json:
-                records.append(record)
-                _write_log(args.log_json, records)
+              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}"
+              + (f"; data: {data.describe()}" if hasattr(data, "describe") else ""), flush=True)
+    _first_run_notice("compile", backend=args.backend)
+    from autosp.compiler.training.logging import StepLogger
+    from autosp.compiler.training.loop import Trainer
+
+    logger = StepLogger(steps=args.steps, seq=seq, candidate=c, plan=plan, world=dist.get_world_size(),
+                        log_json=args.log_json, tensorboard=args.tensorboard, rank=rank)
+    Trainer(engine, data, logger, steps=args.steps, rows=rows, eval_source=eval_source,
+            eval_every=args.eval_every or 0, eval_steps=args.eval_steps).run()
     return 0
 
 
