@@ -228,8 +228,9 @@ def open_tokens(path: str, data_dtype: str, vocab: int, seq: int):
         raise UsageError(f"--data {path} is {file_kind(st.st_mode)}; give a token file (.npy, .pt or .bin)")
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in TOKEN_SUFFIXES:
-        raise UsageError(f"--data {path}: unknown token file type {suffix or '(none)'!r}; use .npy or .pt (a 1-D "
-                         "integer array / tensor) or .bin (raw --data-dtype token ids)")
+        raise UsageError(f"--data {path}: unknown data type {suffix or '(none)'!r}; use token ids (.npy or .pt: a 1-D "
+                         "integer array / tensor; .bin: raw --data-dtype token ids) or text (.jsonl, .txt, .parquet or "
+                         "a save_to_disk directory)")
     try:
         if suffix == ".npy":
             array = np.load(path, mmap_mode="r", allow_pickle=False)

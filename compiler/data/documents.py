@@ -45,7 +45,9 @@ def data_kind(path: str, flag: str = "--data") -> str:
                              "(no dataset_info.json or dataset_dict.json in it)")
         return "disk"
     if not os.path.isfile(path):
-        raise UsageError(f"{flag} {path} is not a regular file")
+        from autosp.files import file_kind
+
+        raise UsageError(f"{flag} {path} is {file_kind(os.stat(path).st_mode)}, not a file of documents")
     suffix = os.path.splitext(path)[1].lower()
     kinds = {".jsonl": "jsonl", ".json": "jsonl", ".txt": "txt", ".parquet": "parquet"}
     if suffix not in kinds:

@@ -83,7 +83,10 @@ def _tokenizer_dir(args, facts) -> str | None:
 
 
 def _text_tokens(path: str, flag: str, args, facts, show: bool):
+    from autosp.compiler.data.documents import data_kind
     from autosp.compiler.data.tokens import load_tokenizer, tokenized
+
+    data_kind(path, flag)  # a missing path or unknown type said before asking for a tokenizer
 
     if getattr(args, "_tokenizer", None) is None:
         tokenizer = load_tokenizer(_tokenizer_dir(args, facts))

@@ -327,6 +327,25 @@ fixture("odd.bin", "3 bytes (not whole uint16 tokens)")(lambda path, d: path.wri
 fixture("empty.bin", "an empty .bin")(lambda path, d: path.write_bytes(b""))
 fixture("tok.bin", "1,000 uint16 token ids in 0..96")(
     lambda path, d: path.write_bytes(b"".join((i % 97).to_bytes(2, "little") for i in range(1000))))
+fixture("docs.jsonl", "3 JSON-lines documents with a text field")(
+    lambda path, d: _text(path, "".join(json.dumps({"text": t}) + "\n" for t in ("w1 w2", "w3", "w4 w5 w6"))))
+fixture("empty.jsonl", "an empty .jsonl")(lambda path, d: _text(path, ""))
+fixture("bad.jsonl", "a .jsonl whose lines are not JSON")(lambda path, d: _text(path, "not json\n{oops\n"))
+fixture("docs.csv", "text in a .csv (not a format --data reads)")(lambda path, d: _text(path, "text\nw1 w2\n"))
+
+
+@fixture("tokdir", "a word-level Hugging Face tokenizer (w0..w89, <eos>) made with the tokenizers library")
+def _tokdir(path: Path, directory: Path) -> None:
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<pad>": 1, "<eos>": 2, **{f"w{i}": 3 + i for i in range(90)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
+                                         unk_token="<unk>").save_pretrained(str(path))
+
+
 fixture("junk.ckpt", "random bytes as a checkpoint")(lambda path, d: path.write_bytes(bytes(range(256)) * 4))
 
 

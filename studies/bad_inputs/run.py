@@ -58,7 +58,7 @@ def expand(args, directory: Path) -> list[str]:
 def _env(case, directory: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env.update(AUTOSP_CACHE=str(directory / "plans.sqlite"), AUTOSP_CACHE_DIR=str(directory / "cache"),
-               OMP_NUM_THREADS="1")
+               AUTOSP_DATA_CACHE=str(directory / "tokens"), OMP_NUM_THREADS="1")
     env.update(case.env)
     return env
 
