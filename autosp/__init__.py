@@ -5,14 +5,15 @@ The public API. Importing ``autosp`` is cheap (no torch); :func:`compile` import
 - :func:`plan` searches the best plan for a :class:`PlanRequest` (a model, context length and cluster;
   numpy + optuna only).
 - :func:`load_plan` reads a plan JSON written by ``autosp-plan --plan-out``.
-- :func:`compile` turns an unmodified causal LM into a sequence-parallel DeepSpeed training engine.
+- :func:`compile` turns an unmodified causal LM into a sequence-parallel DeepSpeed training engine;
+  :class:`OptimizerOptions` its AdamW and learning-rate schedule (``compile(..., optim=...)``).
 """
 
 from autosp.errors import AutospError, InfeasibleError, UsageError
 from autosp.version import __version__
 
-__all__ = ["__version__", "AutospError", "InfeasibleError", "PlanRequest", "UsageError", "compile", "load_plan",
-           "plan"]
+__all__ = ["__version__", "AutospError", "InfeasibleError", "OptimizerOptions", "PlanRequest", "UsageError", "compile",
+           "load_plan", "plan"]
 
 
 def plan(model, ctx=None, hw=None, **options):
@@ -34,6 +35,10 @@ def __getattr__(name):  # PlanRequest without importing the planner at ``import 
         from autosp.planner.request import PlanRequest
 
         return PlanRequest
+    if name == "OptimizerOptions":  # autosp.compile(..., optim=OptimizerOptions(lr=..., schedule="cosine", ...))
+        from autosp.compiler.training.schedule import OptimizerOptions
+
+        return OptimizerOptions
     raise AttributeError(f"module 'autosp' has no attribute {name!r}")
 
 
