@@ -86,6 +86,13 @@ class PackedTokenSource:
     def __init__(self, tokens, seq: int, seed: int, separators, torch):
         self.tokens, self.seq, self.seed, self.separators, self.torch = tokens, seq, seed, separators, torch
 
+    def fingerprint(self) -> dict:
+        """What decides every batch besides the micro-step index (a checkpoint records it)."""
+        from autosp.compiler.data.sources import token_array_key
+
+        return {"kind": "packed-token-file", "tokens_key": token_array_key(self.tokens), "seq": self.seq,
+                "seed": self.seed, "separators": list(self.separators)}
+
     def batch(self, step: int, rows: int) -> dict:
         torch = self.torch
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)

@@ -177,6 +177,13 @@ class TokenSource:
     def __init__(self, tokens, vocab: int, seq: int, seed: int, torch):
         self.torch, self.vocab, self.seq, self.seed, self.tokens = torch, vocab, seq, seed, tokens
 
+    def fingerprint(self) -> dict:
+        """What decides every batch besides the micro-step index (a checkpoint records it)."""
+        from autosp.compiler.data.sources import token_array_key
+
+        return {"kind": "token-file" if self.tokens is not None else "synthetic", "tokens_key":
+                token_array_key(self.tokens), "seq": self.seq, "seed": self.seed, "vocab": self.vocab}
+
     def batch(self, step: int, rows: int):
         import numpy as np
 
