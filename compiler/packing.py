@@ -88,7 +88,7 @@ class PackedTokenSource:
 
     def fingerprint(self) -> dict:
         """What decides every batch besides the micro-step index (a checkpoint records it)."""
-        from autosp.compiler.data.sources import token_array_key
+        from autosp.compiler.data.identity import token_array_key
 
         return {"kind": "packed-token-file", "tokens_key": token_array_key(self.tokens), "seq": self.seq,
                 "seed": self.seed, "separators": list(self.separators)}

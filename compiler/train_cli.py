@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                "  autosp-train --nproc-per-node 2 --model llama-3.2-1b --layers 2 --sp 2 --ctx 4k --dtype fp32 "
                "--backend aot_eager\n"
                "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m autosp.compiler.train_cli "
-               "--plan plan.json\n")
+               "--plan plan.json\n"
+               "  autosp-train --nproc-per-node 8 --plan plan.json --steps 1000 --data corpus.jsonl --tokenizer ./model "
+               "--lr 3e-4 --warmup 100 --lr-schedule cosine --eval-data heldout.jsonl --eval-every 100 --tensorboard tb\n"
+               "\nEach step rank 0 prints loss (the token-weighted mean over every target of the step), lr, gradient "
+               "norm, tokens/s (real tokens, each counted once), MFU (with a plan: the cost model's FLOPs per token over "
+               "the plan's hardware peak) next to the plan's prediction, peak memory and an ETA.\n")
     what = parser.add_argument_group("what to train")
     what.add_argument("--plan", help="plan JSON from autosp-plan --plan-out")
     what.add_argument("--model", help="preset name or a Hugging Face config.json (or its directory); default: the "
@@ -103,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", choices=("bf16", "fp32"), help="default: the plan's (bf16 without a plan on GPU, "
                                                                 "fp32 on CPU)")
     run.add_argument("--backend", choices=("inductor", "aot_eager"), default="inductor")
-    run.add_argument("--lr", type=float, default=1e-4)
+    run.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (the peak of a schedule; default 1e-4)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--log-json", help="also write one JSON object per step to this file (rank 0)")
     run.add_argument("--nproc-per-node", type=int, metavar="N",
@@ -179,7 +184,7 @@ class TokenSource:
 
     def fingerprint(self) -> dict:
         """What decides every batch besides the micro-step index (a checkpoint records it)."""
-        from autosp.compiler.data.sources import token_array_key
+        from autosp.compiler.data.identity import token_array_key
 
         return {"kind": "token-file" if self.tokens is not None else "synthetic", "tokens_key":
                 token_array_key(self.tokens), "seq": self.seq, "seed": self.seed, "vocab": self.vocab}

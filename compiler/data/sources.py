@@ -112,17 +112,6 @@ class PackedTextSource:
         return self._stack(out)
 
 
-def token_array_key(tokens) -> str:
-    """A cheap identity of a token array (a token file can be many GB): its length, dtype and the sha256 of
-    its first and last MiB of tokens."""
-    if tokens is None:
-        return "synthetic"
-    head = np.asarray(tokens[:1 << 20]).tobytes()
-    tail = np.asarray(tokens[-(1 << 20):]).tobytes()
-    digest = hashlib.sha256(f"{len(tokens)}:{np.asarray(tokens[:1]).dtype}".encode() + head + tail).hexdigest()
-    return digest[:32]
-
-
 def batch_counts(batch: dict) -> tuple[int, int]:
     """(real tokens, targets) of a full batch: tokens not masked as padding, counted once whatever the SP
     and DP degrees; targets are the labels the model predicts (the shifted labels that are not -100)."""
@@ -133,4 +122,4 @@ def batch_counts(batch: dict) -> tuple[int, int]:
     return tokens, targets
 
 
-__all__ = ["PackedTextSource", "batch_counts", "token_array_key"]
+__all__ = ["PackedTextSource", "batch_counts"]
