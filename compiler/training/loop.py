@@ -1,10 +1,11 @@
 """The training loop of ``autosp-train``: optimizer steps over an :class:`~autosp.compiler.runtime.SPEngine`.
 
-:class:`Trainer` runs steps ``start_step + 1 ... steps``; step ``s`` (1-based) trains micro-steps
-``(s - 1) G ... s G - 1`` of the data source (G = gradient accumulation), each a pure function of the
-seed and that index, so a run restarted at any step sees the batches the uninterrupted run saw. After
+:class:`Trainer` runs steps ``start_step + 1 ... steps``; each trains the next G micro-steps of the data
+source (G = gradient accumulation), from ``start_micro`` (default ``start_step x G``: a resumed run passes
+the index its checkpoint recorded, which differs when the saved plan had another G), each batch a pure
+function of the seed and its index, so a resumed run sees the batches the uninterrupted run saw. After
 every step it calls each ``hooks`` entry as ``hook(trainer, record)`` (checkpoints, signals) and stops
-early when a hook sets ``trainer.stop``.
+early when a hook returns True or sets ``trainer.stop``.
 
 The objective of a step is the global token-weighted mean over all its micro-batches: DeepSpeed divides
 each micro-step's loss by G, so the loop scales micro-step ``m``'s loss (already the exact global mean
@@ -49,9 +50,10 @@ def peak_memory() -> tuple[float, str]:
 
 class Trainer:
     def __init__(self, engine, source, logger, *, steps: int, rows: int, start_step: int = 0, eval_source=None,
-                 eval_every: int = 0, eval_steps: int | None = None, hooks=()):
+                 eval_every: int = 0, eval_steps: int | None = None, hooks=(), start_micro: int | None = None):
         self.engine, self.source, self.logger = engine, source, logger
         self.steps, self.rows, self.step_index = steps, rows, start_step
+        self.micro_index = start_step * engine.candidate.grad_accum if start_micro is None else start_micro
         self.eval_source, self.eval_every, self.eval_steps = eval_source, eval_every, eval_steps
         self.hooks = list(hooks)
         self.stop = False
@@ -60,7 +62,7 @@ class Trainer:
     @property
     def micro_steps(self) -> int:
         """Micro-steps trained so far (the data position a checkpoint records)."""
-        return self.step_index * self.engine.candidate.grad_accum
+        return self.micro_index
 
     def data_state(self) -> dict:
         """What a checkpoint records to resume the data exactly: the micro-steps consumed and the source's
@@ -73,7 +75,7 @@ class Trainer:
         accum = engine.candidate.grad_accum
         cuda = torch.cuda.is_available()
         start = time.perf_counter()
-        first = self.micro_steps
+        first = self.micro_index
         batches = [as_inputs(self.source.batch(first + m, self.rows)) for m in range(accum)]
         counts = [batch_counts(b) for b in batches]
         targets = sum(n for _, n in counts)
@@ -94,6 +96,7 @@ class Trainer:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         self.step_index += 1
+        self.micro_index += accum
         extra = {}
         if self.eval_source is not None and self.eval_every and (
                 self.step_index % self.eval_every == 0 or self.step_index == self.steps):
@@ -112,7 +115,8 @@ class Trainer:
                 record = self.train_step()
                 self.records.append(record)
                 for hook in self.hooks:
-                    hook(self, record)
+                    if hook(self, record):
+                        self.stop = True
         finally:
             self.logger.close()
         return self.records
