@@ -8,7 +8,8 @@ A. ``autosp.compile`` at SP=2 with the :class:`Trainer` evaluating after every s
    boundary and evaluation between steps changes nothing in training;
 B. ``autosp-train`` on a ``.jsonl`` at SP=2 (cosine schedule, evaluation, TensorBoard) and on a ``.parquet``
    of the same documents at SP=1 x DP=2, where one DP rank gets the stream's padded tail: the logged
-   step-1 loss is the global token-weighted loss of the step's micro-batches computed by one process,
+   step-1 loss is the global token-weighted loss of the step's micro-batches computed by one process (and
+   the objective trained: step 2's loss is one process's after one step on it),
    ``tokens`` the real tokens of those batches, tokens/s the same formula in both, the learning rates
    the schedule's, and TensorBoard's own reader finds the logged scalars.
 """
@@ -61,6 +62,21 @@ def _weighted(model, batches):
                 total += packed_loss(model, batch).double().item() * n
                 count += n
     return total / count
+
+
+def _after_one_step(model, batches):
+    """One process: the model after one optimizer step on the token-weighted loss of ``batches`` (AdamW lr
+    1e-3, weight decay 0.01, the global norm clipped to 1 as DeepSpeed does)."""
+    from autosp.compiler.data.sources import batch_counts
+    from autosp.compiler.testing import packed_loss
+
+    model = copy.deepcopy(model)
+    counts = [batch_counts(b)[1] for b in batches]
+    loss = sum(packed_loss(model, b) * n for b, n in zip(batches, counts)) / sum(counts)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.optim.AdamW(model.parameters(), lr=1e-3).step()
+    return model
 
 
 def _job(rank, world, paths, tokenizer_dir, out_dir):
@@ -142,6 +158,9 @@ def test_text_training_under_sp_matches_one_process(tmp_path, monkeypatch):
         first = [source.batch(m, rows) for m in range(2)]  # the 2 micro-steps of step 1
         expected = _weighted(model, first)
         assert abs(steps[0]["loss"] - expected) <= RTOL * abs(expected), name
+        # step 1 trained that same token-weighted objective: step 2's loss is one process's after that update
+        second = _weighted(_after_one_step(model, first), [source.batch(m, rows) for m in (2, 3)])
+        assert abs(steps[1]["loss"] - second) <= RTOL * abs(second), name
         assert steps[0]["tokens"] == sum(batch_counts(b)[0] for b in first), name
         for s in steps:
             assert s["tokens_per_s"] == pytest.approx(s["tokens"] / s["step_time_s"])
