@@ -77,9 +77,14 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         try:
             profile = _load(arg)
         except Exception as err:  # noqa: BLE001 - any tracing failure is judged: refused, or priced loudly
+            if profile_fallback.transient(err):
+                raise  # a broken pipe, a full disk, no memory: the guard's one line; nothing is cached
             return profile_fallback.fallback(arg, parsed, key, err, say=_say), None
+        # the profile is cached by content: its name is that of whichever path traced it first; the plan is
+        # named after the path given now (parsed.name), as a preset-free sweep row is
+        profile = replace(profile, name=parsed.name)
         spec = profile.model_spec()
-        spec = replace(spec, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
+        spec = replace(spec, name=parsed.name, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
                        sliding_window=parsed.sliding_window, sliding_layers=parsed.sliding_layers,
                        source=f"graph profile {profile.fingerprint} of {parsed.source}")
         return spec, profile
