@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
+from autosp.files import make_cache_dirs
 from autosp.messages import install_hint, one_line
 
 __all__ = ["FALLBACK_PREFIX", "PARAMS_TOLERANCE", "cached_verdict", "fallback", "fallback_reason", "judge_version",
@@ -100,7 +101,7 @@ def _read_record(key: str) -> dict | None:
 def _write_record(record: dict) -> None:
     path = _record_path(record["fingerprint"])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_cache_dirs(path.parent)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
         os.replace(tmp, path)
