@@ -19,9 +19,12 @@ __all__ = ["__version__", "AutospError", "InfeasibleError", "OptimizerOptions", 
 def plan(model, ctx=None, hw=None, **options):
     """Search the best plan. ``plan(PlanRequest(...), cache=...)``, or the keyword form ``plan(model, ctx, hw,
     objective=..., ...)`` whose arguments are the request's fields (see ``autosp-plan --help``). Returns a
-    Plan."""
+    Plan. Like ``autosp-plan``, it answers a request asked before from the plan cache (``$AUTOSP_CACHE``, else
+    the default file); ``cache=False`` searches afresh, ``cache=PATH_OR_URL`` picks another cache."""
     from autosp.planner.api import make_plan, plan_for
     from autosp.planner.request import PlanRequest
+
+    options.setdefault("cache", True)
 
     if isinstance(model, PlanRequest):
         if ctx is not None or hw is not None:

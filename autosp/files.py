@@ -132,6 +132,19 @@ def write_bytes(path, data: bytes, flag: str = "") -> None:
                 pass
 
 
+def make_cache_dirs(path) -> None:
+    """``mkdir -p path`` for a cache, except that a home directory that does not exist (``HOME=/nonexistent``,
+    a service account) is never created: an OSError, which a cache turns into "off, with one warning"."""
+    from pathlib import Path
+
+    home = Path(os.path.expanduser("~"))
+    target = Path(path)
+    if not home.is_dir() and (target == home or home in target.parents):
+        raise FileNotFoundError(errno.ENOENT, f"the home directory {home} does not exist (set XDG_CACHE_HOME or "
+                                              "AUTOSP_CACHE to keep a cache)", str(home))
+    target.mkdir(parents=True, exist_ok=True)
+
+
 def read_text(path, what: str = "", *, missing_hint: str = "", allow_bom: bool = True,
               limit: int = MAX_INPUT_BYTES) -> str:
     """The UTF-8 text of the regular file ``path``. ``what`` names it in errors ("plan ", "cluster file ").

@@ -17,6 +17,7 @@ between ranks, so each rank reports its own, prefixed with its rank.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -27,6 +28,8 @@ from autosp.messages import MAX_LINE, one_line
 __all__ = ["EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_PIPE", "report_destination", "run_command"]
 
 EXIT_BUG, EXIT_INTERRUPTED, EXIT_PIPE = 1, 130, 141
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+"""A write the disk, the quota or the device refused: the machine's state, not a bug (a full stdout included)."""
 _OUT_OF_DEVICE_MEMORY = ("OutOfMemoryError",)  # torch.OutOfMemoryError (CUDA), named so torch is not imported
 
 
@@ -116,7 +119,9 @@ def run_command(prog: str, main, argv=None) -> int:
     shown = list(sys.argv[1:] if argv is None else argv)
     rank = _rank()
     try:
-        return int(main(argv) or 0)
+        code = int(main(argv) or 0)
+        sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at the interpreter's exit
+        return code
     except AutospError as err:
         _say(prog, f"error: {err}", rank, everywhere=False)
         return err.exit_code
@@ -128,23 +133,37 @@ def run_command(prog: str, main, argv=None) -> int:
         return EXIT_PIPE
     except SystemExit:
         raise  # --help, --version: argparse's own, deliberate exits
+    except OSError as err:
+        if err.errno not in _FULL:
+            return _bug(prog, shown, err, rank)
+        if err.filename is None:  # standard output (or error): nothing more will be written to it
+            _silence_stdout()
+        where = err.filename or "standard output"
+        _say(prog, f"error: cannot write {where}: {err.strerror or err} (errno {err.errno}); free some space or "
+                   "write elsewhere", rank, everywhere=True)
+        return EXIT_BUG
     except MemoryError:
         _say(prog, "error: ran out of host memory; ask for less (a shorter --ctx, fewer --ranks or trials) or use "
                    "a machine with more memory", rank, everywhere=True)
         return EXIT_BUG
     except Exception as err:  # noqa: BLE001 - the point of this module
-        if type(err).__name__ in _OUT_OF_DEVICE_MEMORY:
-            _say(prog, f"error: out of device memory ({one_line(err, 200)}); the run does not fit this device: "
-                       "re-plan for it with autosp-plan --hw (or a calibrated profile)", rank, everywhere=True)
-            return 3
-        if os.environ.get("AUTOSP_TRACEBACK") == "1":
-            traceback.print_exc()
-            return EXIT_BUG
-        details = _details_file(prog, shown, err)
-        message = one_line(f"{type(err).__name__}: {err}", 200)
-        command = one_line(" ".join(shown), 160) or "(no arguments)"
-        _say(prog, f"internal error: {message} (at {_where(err)}; input: {command}). This is a bug in autosp: "
-                   f"please report it to {report_destination()} with this line"
-                   + (f" and {details}" if details else "")
-                   + " (AUTOSP_TRACEBACK=1 prints the traceback)", rank, everywhere=True, limit=2 * MAX_LINE)
+        return _bug(prog, shown, err, rank)
+
+
+def _bug(prog: str, shown: list, err: Exception, rank: int | None) -> int:
+    """Out of device memory (exit 3), or a bug in autosp: one line, a details file, exit 1."""
+    if type(err).__name__ in _OUT_OF_DEVICE_MEMORY:
+        _say(prog, f"error: out of device memory ({one_line(err, 200)}); the run does not fit this device: "
+                   "re-plan for it with autosp-plan --hw (or a calibrated profile)", rank, everywhere=True)
+        return 3
+    if os.environ.get("AUTOSP_TRACEBACK") == "1":
+        traceback.print_exception(type(err), err, err.__traceback__)
         return EXIT_BUG
+    details = _details_file(prog, shown, err)
+    message = one_line(f"{type(err).__name__}: {err}", 200)
+    command = one_line(" ".join(shown), 160) or "(no arguments)"
+    _say(prog, f"internal error: {message} (at {_where(err)}; input: {command}). This is a bug in autosp: "
+               f"please report it to {report_destination()} with this line"
+               + (f" and {details}" if details else "")
+               + " (AUTOSP_TRACEBACK=1 prints the traceback)", rank, everywhere=True, limit=2 * MAX_LINE)
+    return EXIT_BUG

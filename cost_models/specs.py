@@ -277,9 +277,10 @@ class Candidate:
     def __post_init__(self):
         for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # a plan's true is no count
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
+        zero = self.zero_stage
+        if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.checkpointing not in CHECKPOINTING_POLICIES:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")

@@ -113,7 +113,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         from autosp.planner.pins import check_pins, empty_reason
 
         check_pins(space)
-        if space.size() == 0 and objective == "throughput":
+        if not all(space.choices().values()) or (space.size() == 0 and objective == "throughput"):
             raise UsageError(empty_reason(space))
     if global_batch is not None and space.size() == 0:
         dps = sorted({hw_spec.world_size // sp for sp in space.sp})

@@ -4,6 +4,7 @@ dicts of :mod:`autosp.planner.check` as they are)."""
 from __future__ import annotations
 
 from autosp.planner.check import PASS
+from autosp.planner.sweep_output import aligned
 
 
 def _gib_or_host(nbytes: float, fmt: str = ",.1f") -> str:
@@ -55,11 +56,9 @@ def render_select(r: dict) -> str:
     from autosp.units import GIB
 
     t = r["target"]
-    width = max([len(row["short"]) for row in r["candidates"]] + [9]) + 2
-    fw = min(36, max([len(row["file"]) for row in r["candidates"]] + [4]) + 2)
     lines = [f"autosp-plan select: {r['status'].upper()} (exit {r['exit_code']}) for {t['model']} at "
-             f"{t['workload']['seq_len']:,} tokens on {t['hardware']}",
-             f"  {'':2}{'file':<{fw}}{'candidate':<{width}}{'tokens/s':>10}{'memory':>11}  status"]
+             f"{t['workload']['seq_len']:,} tokens on {t['hardware']}"]
+    cells = [["", "file", "candidate", "tokens/s", "memory", "status"]]
     chosen = (r["selected"] or {}).get("file")
     for row in r["candidates"]:
         if not row["valid"]:
@@ -69,8 +68,8 @@ def render_select(r: dict) -> str:
             tps, mem = f"{row['tokens_per_second']:,.0f}", _gib_or_host(row["memory_bytes"], ".1f")
         if row["made_for_another_target"]:
             state += " (made for another target)"
-        mark = "*" if row["file"] == chosen else " "
-        lines.append(f"  {mark} {row['file'][-(fw - 2):]:<{fw}}{row['short']:<{width}}{tps:>10}{mem:>11}  {state}")
+        cells.append(["*" if row["file"] == chosen else " ", row["file"], row["short"], tps, mem, state])
+    lines += ["  " + line for line in aligned(cells, right={3, 4}, gap=2)]
     if r["best"]:
         lines.append(f"  best found now: {r['best']['short']} {r['best']['tokens_per_second']:,.0f} tokens/s "
                      f"(selected is {100 * r['gap']:.2f}% behind, tolerance {100 * r['tolerance']:.1f}%)")

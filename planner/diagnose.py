@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 
 from autosp.cost_models.specs import Candidate, Estimate
+from autosp.errors import UsageError
 from autosp.units import format_gib, format_tokens
 
 
@@ -69,8 +70,11 @@ def _smallest_fit(space, seq_len: int, cross: bool, first_factor: int):
     factor = first_factor
     while hw.nodes * factor <= MAX_SCALE_NODES:
         bigger = replace(hw, nodes=hw.nodes * factor)
-        sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len), allow_cross_node_sp=cross,
-                          profile=space.profile)
+        try:  # the pins hold on the bigger cluster too, or it is no answer (a hint that ignored them recedes)
+            sub = build_space(space.model, bigger, replace(space.workload, seq_len=seq_len),
+                              allow_cross_node_sp=cross, profile=space.profile, fixed=space.fixed)
+        except UsageError:
+            break
         lean = _leanest(sub, seq_len)
         if lean is not None and lean[1].fits:
             return bigger.nodes, None

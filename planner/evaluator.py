@@ -159,7 +159,14 @@ class SearchResult:
 
 
 def ranked_at(evaluator: Evaluator, seq_len: int | None = None) -> list:
+    """The candidates scored at ``seq_len``, best first; with pins (``--fix``), only those that keep every pin:
+    every strategy's ranking comes from here, so no plan can come out that drops a pin."""
     items = evaluator.evaluated(seq_len).items()
+    fixed = getattr(evaluator.space, "fixed", ())
+    if fixed:
+        from autosp.planner.space import pin_reason
+
+        items = [(c, e) for c, e in items if pin_reason(c, fixed) is None]
     return sorted(items, key=lambda item: rank_key(*item))
 
 

@@ -108,8 +108,8 @@ def _families(space):
     """(sp, ring, per-layout choices, ZeRO stage, checkpointing) of every structure family."""
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
-        if per is None or not per["micro_batch"] or not per["mlp_chunks"] or not per["loss_chunks"]:
-            continue
+        if per is None or not all(per[k] for k in ("micro_batch", "mlp_chunks", "loss_chunks", "overlap")):
+            continue  # a knob (pinned, or tiled too finely here) has no value that goes with this layout
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             yield sp, ring, per, zero, ckpt
 

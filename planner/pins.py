@@ -140,6 +140,15 @@ def check_pins(space) -> None:
     if pins.get("grad_accum", 1) != 1 and space.workload.global_batch is None:
         raise UsageError(f"--fix grad_accum={pins['grad_accum']} needs --global-batch (without it a step trains one "
                          "micro-batch per data-parallel replica)")
+    gb = space.workload.global_batch
+    if "grad_accum" in pins and gb is not None:
+        accum = pins["grad_accum"]
+        shares = sorted({dp * m for dp in (hw.world_size // s for s in space.sp) for m in space.micro_batch})
+        if not any(gb == share * accum for share in shares):
+            raise UsageError(f"--fix grad_accum={accum} cannot hold with --global-batch {gb}: the batch must be dp x "
+                             f"micro_batch x grad_accum, and dp x micro_batch here is one of "
+                             f"{', '.join(map(str, shares))} (so grad_accum divides {gb} into one of them)")
+    _check_together(pins)
     for name, value in space.fixed:
         if name in space.KNOBS or name in DERIVED:
             continue
@@ -149,12 +158,52 @@ def check_pins(space) -> None:
                              f"model does not price it); it can only be pinned to its default {_plain(default)}")
 
 
+NEEDS = {
+    "offload_activations": "needs a checkpointing policy (it moves the checkpointed tensors)",
+    "offload_optimizer": "needs zero_stage >= 1 (ZeRO-Offload)",
+    "offload_param": "needs zero_stage 3 together with offload_optimizer=true (the pairing the planner searches)",
+    "offload_chunks": "needs sequence_chunks > 1",
+    "overlap": "needs an all-to-all: a Ulysses degree sp / ring > 1",
+    "checkpointing": "cannot go with sequence_chunks > 1 (chunked layers take checkpointing none or full)",
+}
+"""Why the canonical form (:func:`autosp.planner.space.make_candidate`) would drop a pinned value."""
+
+
+def _check_together(pins: dict) -> None:
+    """All the pins at once (each alone passed :func:`parse_pins`): the Candidate's own checks, then the canonical
+    form, which must keep every pinned value; one line naming the contradiction (offload_param=true with
+    zero_stage=2; offload_activations=true with checkpointing=none)."""
+    from autosp.planner.space import make_candidate
+
+    shown = format_pins(sorted(pins.items()))
+    ring = pins.get("ring", 1)
+    sp = pins.get("sp", ring * (1 if pins.get("overlap", "none") == "none" else 2))
+    knobs = {"sp": sp, "ring": ring, "zero_stage": 3, "micro_batch": 1, "checkpointing": "full", "mlp_chunks": 1,
+             "loss_chunks": 1, "offload_activations": False, "overlap": "none",
+             "offload_optimizer": pins.get("zero_stage", 3) >= 1,
+             "sequence_chunks": 4 if pins.get("offload_chunks") else 1, "offload_chunks": False,
+             "offload_param": False}  # what the pins need, where not pinned themselves
+    knobs.update({k: v for k, v in pins.items() if k in knobs})
+    try:
+        Candidate(**{**knobs, **{k: v for k, v in pins.items() if k in DERIVED}})
+        cand = make_candidate(sp * pins.get("dp", 1), None, **knobs)
+    except ValueError as err:
+        raise UsageError(f"--fix {shown}: {err}") from None
+    for name, value in sorted(pins.items()):
+        if name in knobs and getattr(cand, name) != value:
+            raise UsageError(f"--fix {shown}: {name}={_plain(value)} {NEEDS.get(name, 'cannot hold with the others')}")
+
+
 def empty_reason(space) -> str:
     """Why a pinned space has no valid candidate: the rule each SP layout the pins allow breaks."""
     from autosp.planner.space import divisors, invalid_reason, layout_reason, pin_reason
 
     pins = dict(space.fixed)
     hw = space.hardware
+    empty = [name for name, values in space.choices().items() if not values]
+    if empty:  # the pins (with what the canonical form couples to them) leave a knob no value
+        return (f"--fix {format_pins(space.fixed)} leaves no valid plan: no {empty[0]} goes with "
+                f"{'them' if len(pins) > 1 else 'it'}")
     sps = space.sp or tuple(divisors(hw.world_size))
     reasons = []
     for sp in sps:
@@ -181,4 +230,4 @@ def empty_reason(space) -> str:
     return f"--fix {format_pins(space.fixed)} leaves no valid plan: {why}"
 
 
-__all__ = ["DERIVED", "check_pins", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value"]
+__all__ = ["DERIVED", "NEEDS", "check_pins", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value"]

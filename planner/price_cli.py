@@ -57,8 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+RETARGET = ("hw", "nodes", "global_batch")
+"""Flags that re-target a plan file to other GPUs or another batch: its dp and grad_accum then follow the new
+target; without them the file's own values are priced (and validated) as they are, exactly as ``check``
+does."""
+
+
 def _target(args):
-    """(the resolved request, the knobs the configuration starts from)."""
+    """(the resolved request, the knobs the configuration starts from, whether a flag re-targets the file)."""
     from autosp.planner.request import PlanRequest, resolve
 
     given = request_fields(args, given_only=True)
@@ -71,19 +77,22 @@ def _target(args):
         if "allow_cross_node_sp" not in given and art.search.get("allow_cross_node_sp") is None:
             given["allow_cross_node_sp"] = True
         request = target_request(art, given, search_from_plan=False)
-        return resolve(PlanRequest(model=request.model, hw=request.hw, nodes=request.nodes, ctx=request.ctx,
-                                   global_batch=request.global_batch, dtype=request.dtype,
-                                   allow_cross_node_sp=request.allow_cross_node_sp)), asdict(art.candidate)
+        return (resolve(PlanRequest(model=request.model, hw=request.hw, nodes=request.nodes, ctx=request.ctx,
+                                    global_batch=request.global_batch, dtype=request.dtype,
+                                    allow_cross_node_sp=request.allow_cross_node_sp)), asdict(art.candidate),
+                any(name in given for name in RETARGET))
     missing = [flag for flag, name in (("--model", "model"), ("--ctx", "ctx"), ("--hw", "hw")) if name not in given]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (or give a plan file): autosp-plan explain --model llama "
                          f"--ctx 200k --hw h100x8 --fix sp=8")
-    return resolve(PlanRequest(**given)), {}
+    return resolve(PlanRequest(**given)), {}, True
 
 
-def configuration(resolved, start: dict, pins) -> Candidate:
-    """The Candidate of ``start`` (a plan's knobs, or none) with ``pins`` applied; dp and grad_accum follow from
-    the cluster and the global batch unless pinned."""
+def configuration(resolved, start: dict, pins, retarget: bool = True) -> Candidate:
+    """The Candidate of ``start`` (a plan's knobs, or none) with ``pins`` applied. dp and grad_accum follow from
+    the cluster and the global batch unless pinned, where ``retarget`` (no file, or a flag that moves it to
+    other GPUs or another batch) or a pin changes what they follow from; otherwise a file's own values stay,
+    for :func:`autosp.planner.reprice.invalid_here` to judge as ``check`` does."""
     hw, gb = resolved.hardware, resolved.workload.global_batch
     pinned = dict(pins)
     knobs = {f.name: start[f.name] for f in fields(Candidate) if f.name in start}
@@ -94,9 +103,10 @@ def configuration(resolved, start: dict, pins) -> Candidate:
         knobs["sp"] = hw.world_size // pinned["dp"]
     if "sp" not in knobs:
         raise UsageError("give the SP degree: --fix sp=N (or --fix dp=N), or a plan file")
-    if "dp" not in pinned:
+    if "dp" not in pinned and (retarget or "sp" in pinned or "dp" not in knobs):
         knobs["dp"] = max(1, hw.world_size // knobs["sp"])
-    if "grad_accum" not in pinned:
+    if "grad_accum" not in pinned and (retarget or {"sp", "dp", "micro_batch"} & set(pinned)
+                                       or "grad_accum" not in knobs):
         share = knobs["dp"] * knobs.get("micro_batch", 1)
         knobs["grad_accum"] = gb // share if gb is not None and share and gb % share == 0 else 1
     try:
@@ -112,15 +122,14 @@ def price_plan(resolved, cand: Candidate, pins, started: float):
     from autosp.planner.space import SPACE_VERSION, build_space, padding
     from autosp.planner.versions import code_version, cost_model_version
 
+    from autosp.planner.reprice import invalid_here
+
     r = resolved
-    if cand.sp * cand.dp != r.hardware.world_size:
-        raise UsageError(f"sp x dp = {cand.sp} x {cand.dp} = {cand.sp * cand.dp} GPUs, {r.hardware.name} has "
-                         f"{r.hardware.world_size}")
+    reason = invalid_here(r, cand)  # the validation check and select apply
+    if reason:
+        raise UsageError(f"this configuration cannot run on {r.hardware.name}: {reason}")
     space = build_space(r.model, r.hardware, r.workload, allow_cross_node_sp=r.request.allow_cross_node_sp,
                         profile=r.profile)
-    reason = space.reason(cand)
-    if reason:
-        raise UsageError(f"this configuration cannot run here: {reason}")
     est = Evaluator(space)(cand)
     pad_tokens, pad_fraction = padding(r.workload.seq_len, cand.sp, cand.ring)
     search = {"strategy": "explain", "evaluations": 1, "space_version": SPACE_VERSION,
@@ -163,8 +172,8 @@ def main(argv: list[str]) -> int:
         if path is not None:
             check_output_path(path, flag)
     started = time.perf_counter()
-    resolved, start = _target(args)
-    plan = price_plan(resolved, configuration(resolved, start, pins), pins, started)
+    resolved, start, retarget = _target(args)
+    plan = price_plan(resolved, configuration(resolved, start, pins, retarget), pins, started)
     fits = plan.estimate.fits
     written = []
     if fits:

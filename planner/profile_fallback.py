@@ -16,7 +16,12 @@ Tracing can fail for three kinds of reasons, and each gets its own answer (one l
 A fallback is recorded in the plan: the ModelSpec's ``source`` starts with :data:`FALLBACK_PREFIX` and the
 reason, and ``search["model_profile"]`` repeats it (:func:`fallback_reason`). The verdict is cached next
 to the graph profiles (``<fingerprint>.failed.json``), so the next plan for the same config neither traces
-again nor imports torch; a new transformers or torch changes the fingerprint and earns a new attempt.
+again nor imports torch; a new transformers or torch changes the fingerprint and earns a new attempt, and so
+does another autosp (the record carries :func:`judge_version`: a fixed tracer or judge must get its chance).
+
+Only a deterministic failure of the trace is cached. A failure of the machine or of the run (:func:`transient`:
+an OSError such as a broken pipe or a full disk, running out of memory, Ctrl-C) says nothing about the model:
+it is never recorded, so the next plan traces again.
 """
 
 from __future__ import annotations
@@ -27,14 +32,31 @@ from dataclasses import replace
 
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
+from autosp.files import make_cache_dirs
 from autosp.messages import install_hint, one_line
 
-__all__ = ["FALLBACK_PREFIX", "PARAMS_TOLERANCE", "cached_verdict", "fallback", "fallback_reason", "transformers_available"]
+__all__ = ["FALLBACK_PREFIX", "PARAMS_TOLERANCE", "cached_verdict", "fallback", "fallback_reason", "judge_version",
+           "transformers_available", "transient"]
 
 FALLBACK_PREFIX = "analytic Llama-block formulas (fallback: "
 PARAMS_TOLERANCE = 0.01
 """The formulas count attention, MLP, two norms per layer and the embeddings; models with a few extra norm
 vectors (Gemma's four per layer) stay far inside 1%; a missing or extra matrix does not."""
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` comes from the machine or the run rather than from the model (never cached)."""
+    return isinstance(error, (OSError, MemoryError, KeyboardInterrupt, SystemExit))
+
+
+def judge_version() -> str:
+    """autosp's version and a hash of this module (the judge): a record made by another one is judged again."""
+    import hashlib
+    from pathlib import Path
+
+    from autosp.version import __version__
+
+    return f"{__version__}+{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]}"
 
 
 def fallback_reason(spec: ModelSpec) -> str | None:
@@ -71,13 +93,15 @@ def _read_record(key: str) -> dict | None:
         return None
     if record.get("transformers_available") != transformers_available():
         return None  # judged without transformers and it is here now (or the reverse): judge again
+    if record.get("judge_version") != judge_version():
+        return None  # judged by another autosp (or a record from before the version was kept): judge again
     return record
 
 
 def _write_record(record: dict) -> None:
     path = _record_path(record["fingerprint"])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_cache_dirs(path.parent)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
         os.replace(tmp, path)
@@ -103,7 +127,8 @@ def _meta_model(config_path: str):
 
 def _judge(arg: str, parsed: ModelSpec, error: BaseException, key: str) -> dict:
     why = one_line(f"{type(error).__name__}: {error}", 200)
-    record = {"fingerprint": key, "model": arg, "trace_error": why, "transformers_available": transformers_available()}
+    record = {"fingerprint": key, "model": arg, "trace_error": why, "transformers_available": transformers_available(),
+              "judge_version": judge_version()}
     try:
         import transformers
     except ImportError:
@@ -147,6 +172,8 @@ def cached_verdict(key: str) -> dict | None:
 def fallback(arg: str, parsed: ModelSpec, key: str, error: BaseException | None = None, say=print) -> ModelSpec:
     """The ModelSpec to price ``arg`` with after its trace failed with ``error`` (or was judged before), or a
     UsageError; says the verdict in one line through ``say``."""
+    if error is not None and transient(error):
+        raise error  # the machine's or the run's failure, not the model's: nothing to judge or cache
     record = _read_record(key)
     if record is None:
         record = _judge(arg, parsed, error if error is not None else RuntimeError("unknown"), key)

@@ -29,6 +29,11 @@ from autosp.errors import UsageError
 from autosp.messages import one_line
 
 
+TRACE_SECONDS = 15
+"""What the first plan of a config costs on top of the search, said before it starts: 15-22 s on 2 CPU cores
+(issue 19, item 12), most of it importing torch and transformers."""
+
+
 def _is_entry_point(arg: str) -> bool:
     module, sep, attr = arg.partition(":")
     return bool(sep and module and attr and all(p.isidentifier() for p in module.split(".") + attr.split(".")))
@@ -43,8 +48,9 @@ def _load(arg: str) -> ModelProfile:
 
     key = graph_profile.fingerprint(arg)
     if graph_profile.read_cached(key) is None:
-        _say(f"{arg} is not a preset: tracing it once to derive its cost profile (cached as "
-             f"{graph_profile.cache_path(key)}) ...")
+        what = "config" if arg.endswith(".json") or not _is_entry_point(arg) else "model"
+        _say(f"{arg} is not a preset: tracing this {what} once: ~{TRACE_SECONDS} s (torch and transformers load, "
+             f"then the trace; its cost profile is then cached as {graph_profile.cache_path(key)}) ...")
     return graph_profile.load_or_build(arg)
 
 
@@ -77,9 +83,14 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         try:
             profile = _load(arg)
         except Exception as err:  # noqa: BLE001 - any tracing failure is judged: refused, or priced loudly
+            if profile_fallback.transient(err):
+                raise  # a broken pipe, a full disk, no memory: the guard's one line; nothing is cached
             return profile_fallback.fallback(arg, parsed, key, err, say=_say), None
+        # the profile is cached by content: its name is that of whichever path traced it first; the plan is
+        # named after the path given now (parsed.name), as a preset-free sweep row is
+        profile = replace(profile, name=parsed.name)
         spec = profile.model_spec()
-        spec = replace(spec, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
+        spec = replace(spec, name=parsed.name, norm=parsed.norm, max_position=parsed.max_position, rope_theta=parsed.rope_theta,
                        sliding_window=parsed.sliding_window, sliding_layers=parsed.sliding_layers,
                        source=f"graph profile {profile.fingerprint} of {parsed.source}")
         return spec, profile

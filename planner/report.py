@@ -250,22 +250,24 @@ def _measured_lines(measured: dict, chosen) -> list[str]:
 
     lines = [f"Measured (autosp-train, {measured.get('warmup_steps')} warm-up + {measured.get('steps')} steps, "
              f"backend {measured.get('backend')}; chosen by {measured.get('chosen_by')})"]
-    head = f"  {'#':>2}  {'candidate':<44}{'pred s/step':>12}{'meas s/step':>12}{'pred tok/s':>12}{'meas tok/s':>12}" \
-           f"{'pred mem':>11}{'meas mem':>11}"
-    lines.append(head)
+    from autosp.planner.sweep_output import aligned
+
+    cells, notes = [["#", "candidate", "pred s/step", "meas s/step", "pred tok/s", "meas tok/s", "pred mem",
+                     "meas mem"]], {}
     for row in measured.get("results", []):
         p, m = row.get("predicted", {}), row.get("measured") or {}
         mark = "*" if Candidate(**row["candidate"]) == chosen else " "
-        if m:
-            meas = (f"{m['step_time_s']:>12.3f}{'':>0}", f"{m['tokens_per_second']:>12,.0f}",
-                    f"{m['peak_memory_bytes'] / GIB:>7.2f} GiB")
-        else:
-            meas = (f"{'-':>12}", f"{'-':>12}", f"{'-':>11}")
-        lines.append(f"{mark}{row['rank_predicted']:>2}  {row['short']:<44}{p.get('step_time_s', 0):>12.3f}{meas[0]}"
-                     f"{p.get('tokens_per_second', 0):>12,.0f}{meas[1]}{p.get('peak_memory_bytes', 0) / GIB:>7.2f} GiB"
-                     f"{meas[2]:>11}")
+        meas = ((f"{m['step_time_s']:.3f}", f"{m['tokens_per_second']:,.0f}",
+                 f"{m['peak_memory_bytes'] / GIB:.2f} GiB") if m else ("-", "-", "-"))
+        cells.append([f"{mark}{row['rank_predicted']:>2}", row["short"], f"{p.get('step_time_s', 0):.3f}", meas[0],
+                      f"{p.get('tokens_per_second', 0):,.0f}", meas[1],
+                      f"{p.get('peak_memory_bytes', 0) / GIB:.2f} GiB", meas[2]])
         if row.get("status") != "ok":
-            lines.append(f"      {row.get('status')}")
+            notes[len(cells) - 1] = f"      {row.get('status')}"
+    for i, line in enumerate(aligned(cells, right={0, 2, 3, 4, 5, 6, 7})):  # columns sized to the candidates
+        lines.append(line)
+        if i in notes:
+            lines.append(notes[i])
     kind = next((r["measured"].get("memory_kind") for r in measured.get("results", []) if r.get("measured")), None)
     if kind:
         lines.append(f"  measured memory: peak {kind} of rank 0 (predicted: per-device peak)")

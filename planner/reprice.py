@@ -5,6 +5,7 @@ plan a search finds now (:mod:`autosp.planner.check` turns these into a verdict)
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, replace
 
 from autosp.cost_models.specs import Candidate
@@ -30,9 +31,9 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
     model = overrides.get("model")
     if model is None and art.model is not None:
         if str(art.search.get("model_profile", "")).startswith("graph"):
-            raise UsageError(f"{art.path} was priced with the graph profile of its model; give --model (the "
-                             "config.json or package.module:function it was planned from)")
-        model = art.model
+            model = _traced_model_arg(art)
+        else:
+            model = art.model
     elif model is None:
         from autosp.cost_models.catalog.models import resolve_model
 
@@ -64,6 +65,36 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                        search=search, trials=trials, seed=seed,
                        fix=art.search.get("fixed") or (),  # a plan made with --fix is checked against the same pins
                        doc_lens=art.workload.doc_lens or None)
+
+
+GRAPH_SOURCE = "graph profile "
+"""How the ModelSpec of a graph-profiled model names its origin: ``graph profile <fingerprint> of <config path or
+package.module:function>`` (:mod:`autosp.planner.profiles`)."""
+
+
+def _traced_model_arg(art: Artifact) -> str:
+    """The config.json (or entry point) a graph-profiled plan was made from, as its ModelSpec records it; a
+    UsageError asking for --model when the record is missing or the file is gone."""
+    source = str(getattr(art.model, "source", "") or "")
+    arg = source.split(" of ", 1)[1] if source.startswith(GRAPH_SOURCE) and " of " in source else ""
+    if arg and (":" in arg and not arg.endswith(".json") or os.path.exists(arg)):
+        return arg
+    where = f" ({arg} no longer exists)" if arg else ""
+    raise UsageError(f"{art.path} was priced with the graph profile of its model{where}; give --model (the "
+                     "config.json or package.module:function it was planned from)")
+
+
+def invalid_here(t: ResolvedRequest, cand: Candidate) -> str | None:
+    """Why ``cand`` cannot run on the target ``t`` (its dp or sp against the GPUs, a rule of the search space),
+    or None: the one validation of a plan file's knobs that ``check``, ``select`` and ``explain`` share."""
+    from autosp.planner.space import build_space
+
+    if cand.sp * cand.dp != t.hardware.world_size:
+        return (f"sp x dp = {cand.sp} x {cand.dp} = {cand.sp * cand.dp} GPUs, the hardware has "
+                f"{t.hardware.world_size}")
+    space = build_space(t.model, t.hardware, t.workload, allow_cross_node_sp=t.request.allow_cross_node_sp,
+                        profile=t.profile)
+    return space.reason(cand)
 
 
 def resolve_target(art: Artifact, overrides: dict | None = None, search_from_plan: bool = True) -> ResolvedRequest:
@@ -125,14 +156,11 @@ def price(t: ResolvedRequest, cand: Candidate):
     from autosp.planner.evaluator import Evaluator
     from autosp.planner.space import build_space
 
-    space = build_space(t.model, t.hardware, t.workload, allow_cross_node_sp=t.request.allow_cross_node_sp,
-                        profile=t.profile)
-    if cand.sp * cand.dp != t.hardware.world_size:
-        return (f"sp x dp = {cand.sp} x {cand.dp} = {cand.sp * cand.dp} GPUs, the hardware has "
-                f"{t.hardware.world_size}"), None
-    reason = space.reason(cand)
+    reason = invalid_here(t, cand)
     if reason:
         return reason, None
+    space = build_space(t.model, t.hardware, t.workload, allow_cross_node_sp=t.request.allow_cross_node_sp,
+                        profile=t.profile)
     return None, Evaluator(space)(cand)
 
 
@@ -144,5 +172,5 @@ def best_now(t: ResolvedRequest, cache=True):
     return plan_for(request, cache=cache)
 
 
-__all__ = ["TARGET_FIELDS", "best_now", "price", "resolve_target", "target_request", "target_changes",
-           "version_changes"]
+__all__ = ["GRAPH_SOURCE", "TARGET_FIELDS", "best_now", "invalid_here", "price", "resolve_target", "target_request",
+           "target_changes", "version_changes"]

@@ -66,7 +66,9 @@ time + ~2,750 calls, studies/results/search_quality_seed0_n150_before_family_swe
 def _import_optuna():
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # ERROR, not WARNING: Optuna logs a trial that raised (Ctrl-C included) as a warning with its traceback,
+    # and autosp's own guard already turns every exception into one line (autosp/guard.py)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     optuna.logging.disable_propagation()
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return optuna
@@ -101,6 +103,8 @@ def warm_starts(space) -> list[dict]:
     """Knob settings worth trying first: lean on memory (with every ring degree of the largest sp: which
     layout is leanest depends on the model's heads), then two faster relatives on the node-local layout."""
     choices = space.choices()
+    if not all(choices.values()):
+        return []  # pins that exclude each other: no start
     sp = max(choices["sp"])
     lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
                 checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
@@ -120,7 +124,10 @@ def warm_starts(space) -> list[dict]:
     starts = []
     for knobs in (lean, chunked, chunked_on_device, lean_tiled_loss, middle, fast, *other_rings):
         knobs = {k: v if v in choices[k] else choices[k][-1] for k, v in knobs.items()}
-        knobs = _knobs_of(space, space.make_nearest(**knobs))
+        cand = space.make_nearest(**knobs)
+        if not space.admits(cand):
+            continue  # a start that breaks a pin or a rule: the sampler could not be told about it
+        knobs = _knobs_of(space, cand)
         if knobs not in starts:
             starts.append(knobs)
     return starts
@@ -370,8 +377,8 @@ def structure_sweep(space, estimate) -> None:
     its layout; the refinement then starts from the best of them as well as from the best trials."""
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
-        if per is None or not per["micro_batch"]:
-            continue
+        if per is None or not per["micro_batch"] or not per["overlap"]:
+            continue  # no micro-batch or overlap schedule of the space (a pinned one) goes with this layout
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                        checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,

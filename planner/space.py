@@ -350,8 +350,24 @@ class SearchSpace:
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
 
+    def pinned(self) -> dict:
+        """The searched knobs a pin sets (``--fix``; a ``dp`` pin sets sp), with the pinned value."""
+        names = {"sp" if name == "dp" else name for name, _ in self.fixed}
+        return {name: getattr(self, name)[0] for name in self.KNOBS if name in names and getattr(self, name)}
+
     def make(self, **knobs) -> Candidate:
+        """The canonical candidate of ``knobs``, every pinned knob set to its pinned value whatever ``knobs``
+        say: every strategy (warm starts, sweeps, climbs, completions) builds its candidates here, so none can
+        lose a pin by accident. A pin the canonical form cannot keep beside the other knobs (activation offload
+        without checkpointing) leaves a candidate that :meth:`reason` refuses."""
+        if self.fixed:
+            knobs.update(self.pinned())
         return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
+
+    def admits(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is a point of this space: valid, keeping every pin, each knob one of the space's
+        choices (what a sampler can be told about: Optuna refuses an enqueued value outside them)."""
+        return self.reason(cand) is None and all(getattr(cand, k) in getattr(self, k) for k in self.KNOBS)
 
     def rings_for(self, sp: int) -> tuple[int, ...]:
         """The ring degrees of this space that make a valid layout of ``sp``."""
@@ -423,7 +439,9 @@ class SearchSpace:
         if gb is None:
             micro = self.micro_batch
         else:
-            micro = tuple(m for m in self.micro_batch if gb % (dp * m) == 0)
+            accum = dict(self.fixed).get("grad_accum")  # a pinned grad_accum leaves one micro-batch per layout
+            micro = tuple(m for m in self.micro_batch if gb % (dp * m) == 0
+                          and (accum is None or gb == dp * m * accum))
         ulysses = sp // ring
         overlap = tuple(o for o in self.overlap if overlap_reason(self.model, o, ulysses) is None)
         return {"zero_stage": self.zero_stage, "micro_batch": micro, "checkpointing": self.checkpointing,
@@ -575,9 +593,11 @@ def pin_reason(cand: Candidate, pins) -> str | None:
 
 
 def restrict(space: SearchSpace, pins) -> SearchSpace:
-    """``space`` with each pinned knob's choices reduced to the pinned value (``dp`` pins sp = world / dp); the
-    candidates must also keep every pin (:meth:`SearchSpace.reason`). :func:`autosp.planner.pins.check_pins`
-    says in one line why pins cannot hold."""
+    """``space`` with each pinned knob's choices reduced to the pinned value (``dp`` pins sp = world / dp), and
+    the other knobs' choices to the values the canonical form lets stand beside them (:func:`implied_choices`):
+    so the first choice of every knob, where the strategies start, keeps the pins. The candidates must also
+    keep every pin (:meth:`SearchSpace.reason`). :func:`autosp.planner.pins.check_pins` says in one line why
+    pins cannot hold."""
     changes = {}
     world = space.hardware.world_size
     for name, value in pins:
@@ -585,12 +605,62 @@ def restrict(space: SearchSpace, pins) -> SearchSpace:
             name, value = "sp", world // value if value and world % value == 0 else 0
         if name in space.KNOBS:
             changes[name] = (value,)
-    return replace(space, fixed=tuple(pins), **changes)
+    restricted = replace(space, fixed=tuple(pins), **changes)
+    return replace(restricted, **implied_choices(restricted))
+
+
+def implied_choices(space: SearchSpace) -> dict[str, tuple]:
+    """The knob choices of ``space`` narrowed to the values that some canonical candidate can take together
+    with every knob that has a single choice (a pin, or a space with one value): the couplings of
+    :func:`canonical` and :func:`make_candidate` read the other way round (activation offload needs a
+    checkpointing policy, chunk offload sequence chunks, optimizer offload ZeRO >= 1, parameter offload ZeRO-3
+    with optimizer offload, sequence chunks checkpointing none or full and no head_pipeline, a tied model's
+    tiled loss ZeRO < 3). Repeated until nothing changes (one narrowing can leave another knob single). An
+    empty tuple: the single values exclude each other."""
+    c = {name: tuple(getattr(space, name)) for name in space.KNOBS}
+    pinned = set(space.pinned())  # never narrowed here: pins that exclude each other are said by pins.check_pins
+    tied = space.model.tied_embeddings
+    while True:
+        one = {name: values[0] for name, values in c.items() if len(values) == 1}
+        rules = []  # (knob narrowed, test of its values)
+        if one.get("offload_activations") is True:
+            rules.append(("checkpointing", lambda v: v != "none"))
+        if one.get("checkpointing") == "none":
+            rules.append(("offload_activations", lambda v: not v))
+        if one.get("offload_chunks") is True:
+            rules.append(("sequence_chunks", lambda v: v > 1))
+        if one.get("sequence_chunks") == 1:
+            rules.append(("offload_chunks", lambda v: not v))
+        if one.get("sequence_chunks", 1) > 1:
+            rules += [("checkpointing", lambda v: v in ("none", "full")), ("overlap", lambda v: v != "head_pipeline")]
+        if one.get("checkpointing") in ("selective", "sequence") or one.get("overlap") == "head_pipeline":
+            rules += [("sequence_chunks", lambda v: v == 1), ("offload_chunks", lambda v: not v)]
+        if one.get("offload_optimizer") is True:
+            rules.append(("zero_stage", lambda v: v >= 1))
+        if one.get("zero_stage") == 0:
+            rules.append(("offload_optimizer", lambda v: not v))
+        if one.get("offload_param") is True:
+            rules += [("zero_stage", lambda v: v == 3), ("offload_optimizer", lambda v: v)]
+        if one.get("offload_optimizer") is False or one.get("zero_stage", 3) != 3:
+            rules.append(("offload_param", lambda v: not v))
+        if tied and one.get("loss_chunks", 1) > 1:
+            rules.append(("zero_stage", lambda v: v < 3))
+        if tied and one.get("zero_stage") == 3:
+            rules.append(("loss_chunks", lambda v: v == 1))
+        changed = False
+        for name, ok in rules:
+            if name in pinned:
+                continue
+            kept = tuple(v for v in c[name] if ok(v))
+            if kept != c[name]:
+                c[name], changed = kept, True
+        if not changed:
+            return {name: values for name, values in c.items() if values != getattr(space, name)}
 
 
 __all__ = ["CROSS_NODE_FLAG", "LOSS_CHUNKS", "MICRO_BATCHES", "MIN_SEQUENCE_CHUNK_TOKENS", "MIN_TILE_TOKENS",
            "MLP_CHUNKS", "OFFLOAD", "SEQUENCE_CHUNKS", "SPACE_REVISION", "SPACE_VERSION", "SearchSpace",
            "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors",
            "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "overlap_reason", "padded_length",
-           "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
+           "implied_choices", "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
            "sp_reason", "tile_ok", "zero3_loss_ok"]

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the rows as one JSON object instead of the table")
     out.add_argument("--csv", action="store_true", help="print the rows as CSV instead of the table")
-    p.add_argument("--plot", metavar="FILE.png", help="also draw the sweep into a PNG (needs autosp[plot]): the "
+    p.add_argument("--plot", metavar="FILE.png", help="also draw the sweep into a PNG (needs matplotlib: the [plot] extra): the "
                                                      "longest context against GPUs with max-ctx, else tokens/s "
                                                      "against context")
     return p

@@ -1,5 +1,5 @@
 """What ``autosp-plan sweep`` prints and draws: the table, CSV, JSON, and the PNG plot (matplotlib, the
-``autosp[plot]`` extra; written atomically through :func:`autosp.files.write_bytes`)."""
+[plot] extra; written atomically through :func:`autosp.files.write_bytes`)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,42 @@ import io
 import json
 
 from autosp.errors import UsageError
+from autosp.messages import install_hint
 from autosp.planner.sweep import COLUMNS
 from autosp.units import format_seconds, format_tokens
 
 
+def aligned(rows: list[list[str]], right=frozenset(), gap: int = 2) -> list[str]:
+    """Rows of cells as lines: each column as wide as its widest cell, columns ``gap`` spaces apart (right-aligned
+    where their index is in ``right``), so no cell runs into the next however long a model path is. A row with
+    fewer cells ends in a free-text cell (a status message) that sets no width."""
+    n = max(len(r) for r in rows)
+    full = [r for r in rows if len(r) == n]
+    widths = [max(len(r[i]) for r in full) for i in range(n)]
+    lines = []
+    for r in rows:
+        last = len(r) - 1 if len(r) < n else None
+        cells = [c if i == last else c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+                 for i, c in enumerate(r)]
+        lines.append((" " * gap).join(cells).rstrip())
+    return lines
+
+
 def table(rows: list[dict], wall_s: float) -> str:
     max_ctx = any(r["objective"] == "max-ctx" for r in rows)
-    head = (f"{'model':<16}{'hardware':<12}{'GPUs':>5}  {'context' if not max_ctx else 'longest ctx':>12}"
-            f"{'tokens/s':>12}{'per GPU':>10}{'MFU':>7}{'step':>10}{'mem/GPU':>10}  plan")
-    lines = [head, "-" * len(head)]
+    cells = [["model", "hardware", "GPUs", "longest ctx" if max_ctx else "context", "tokens/s", "per GPU", "MFU",
+              "step", "mem/GPU", "plan"]]
     for r in rows:
         ctx = r["ctx"] if r["ctx"] is not None else r["ctx_asked"]
-        first = f"{r['model']:<16}{r['hardware']:<12}{r['gpus']:>5}  {format_tokens(ctx) if ctx else '-':>12}"
+        first = [str(r["model"]), str(r["hardware"]), str(r["gpus"]), format_tokens(ctx) if ctx else "-"]
         if r["status"] != "ok":
-            lines.append(f"{first}  {r['status']}: {r['message']}")
+            cells.append(first + [f"{r['status']}: {r['message']}"])
             continue
-        lines.append(f"{first}{r['tokens_per_second']:>12,.0f}{r['tokens_per_second_per_gpu']:>10,.0f}"
-                     f"{100 * r['mfu']:>6.1f}%{format_seconds(r['step_time_s']):>10}{r['memory_gib']:>7.1f} GiB  "
-                     f"{r['plan']}")
+        cells.append(first + [f"{r['tokens_per_second']:,.0f}", f"{r['tokens_per_second_per_gpu']:,.0f}",
+                              f"{100 * r['mfu']:.1f}%", format_seconds(r["step_time_s"]),
+                              f"{r['memory_gib']:.1f} GiB", r["plan"]])
+    body = aligned(cells, right={2, 3, 4, 5, 6, 7, 8})
+    lines = [body[0], "-" * len(body[0]), *body[1:]]
     ok = sum(r["status"] == "ok" for r in rows)
     cached = sum(r.get("cache") == "hit" for r in rows)
     searches = sorted({r["search"] for r in rows if r.get("search")})
@@ -56,7 +74,7 @@ def require_matplotlib(flag: str = "--plot"):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError(f"{flag} needs matplotlib: pip install 'autosp[plot]' (or leave out {flag})") from None
+        raise UsageError(f"{flag} needs matplotlib: {install_hint('plot')} (or leave out {flag})") from None
     return plt
 
 
@@ -110,4 +128,4 @@ def plot_png(rows: list[dict]) -> bytes:
     return buffer.getvalue()
 
 
-__all__ = ["plot_png", "require_matplotlib", "table", "to_csv", "to_json"]
+__all__ = ["aligned", "plot_png", "require_matplotlib", "table", "to_csv", "to_json"]

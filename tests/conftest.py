@@ -36,7 +36,9 @@ def pg_server():
     if os.environ.get("AUTOSP_CI") == "1":
         _unavailable("AUTOSP_CI=1 but AUTOSP_TEST_PG_URL is unset (.ci/run sets it)")
     try:
-        out = subprocess.run(["bash", str(PG_SERVER), "start"], capture_output=True, text=True, timeout=120)
+        # with our pid: the server stops itself if this session is killed before its finally runs
+        out = subprocess.run(["bash", str(PG_SERVER), "start", str(os.getpid())], capture_output=True, text=True,
+                             timeout=120)
     except (OSError, subprocess.TimeoutExpired) as err:
         _unavailable(f"could not start one with .ci/pg-server ({err})")
     if out.returncode != 0:

@@ -40,6 +40,7 @@ import difflib
 import math
 import os
 import re
+import sys
 import tomllib
 from functools import lru_cache
 from pathlib import Path
@@ -126,8 +127,11 @@ def _build(name: str, entry: dict, devices_per_node: int, nodes: int, where: str
             if key in links and not 0 < links[key] <= 1:
                 raise UsageError(f"{where}: {key} must be in (0, 1], got {links[key]!r}")
         total = devices_per_node * nodes
+        label = f"{name}x{total}" if total > 1 else name
+        if nodes > 1 and devices_per_node != entry.get("devices_per_node", devices_per_node):
+            label += f"({nodes}x{devices_per_node})"  # not the catalog's full nodes: h100x4 --nodes 2 is no h100x8
         spec = HardwareSpec(
-            name=f"{name}x{total}" if total > 1 else name, accelerator=accelerator,
+            name=label, accelerator=accelerator,
             devices_per_node=devices_per_node, nodes=nodes, host_memory_bytes=host_memory,
             source=str(entry.get("source") or f"autosp hardware catalog ({DATA_FILE.name}): {entry.get('description', name)}"),
             **links)
@@ -158,11 +162,28 @@ def _split_count(arg: str) -> tuple[str, int | None]:
 
 def _unknown(arg: str) -> UsageError:
     table = _alias_table()
+    if "," in arg:
+        return UsageError(f"--hw {arg!r}: one cluster per plan; autosp-plan sweep --hw {arg} plans each of them")
     stem = re.sub(r"[x*×]\d+$", "", arg.lower())
-    close = difflib.get_close_matches(stem, list(table), n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(repr(table[c]) for c in dict.fromkeys(close))}? " if close else ""
+    close = difflib.get_close_matches(stem, list(table), n=6, cutoff=0.5)
+    names = list(dict.fromkeys(table[c] for c in close))[:3]  # several aliases of one entry: it once
+    hint = f"did you mean {' or '.join(repr(n) for n in names)}? " if names else ""
     return UsageError(f"unknown hardware {arg!r}; {hint}use NAME, NAMExN (e.g. h100x8) or a cluster .toml/.json "
                       f"file; accelerators: {', '.join(catalog_names())}")
+
+
+def _say_which(arg: str, name: str) -> None:
+    """One note when ``arg`` names a card that comes in several catalog variants (a100: 40 GB and 80 GB), saying
+    which one it means; the variant's own name says nothing."""
+    typed = re.sub(r"[x*×]\d+$", "", arg.strip().lower())
+    family = name.split("-")[0]
+    variants = [n for n in catalog_names() if n.split("-")[0] == family]
+    if typed != family or typed == name.lower() or len(variants) < 2:
+        return
+    memory = _catalog()[name].get("memory_gib") or _catalog()[name].get("memory_bytes", 0) / GIB
+    others = ", ".join(n for n in variants if n != name)
+    print(f"autosp-plan: note: --hw {arg} means {name} ({memory:g} GiB per device); write {others} for the "
+          "other variant", file=sys.stderr, flush=True)
 
 
 def resolve_hardware(arg: str, nodes: int | None = None) -> HardwareSpec:
@@ -184,6 +205,7 @@ def resolve_hardware(arg: str, nodes: int | None = None) -> HardwareSpec:
             raise UsageError(f"hardware file {arg!r} must end in .toml (custom cluster) or .json (calibrated spec)")
         raise _unknown(arg)
     entry = _catalog()[name]
+    _say_which(arg, name)
     per_node = int(entry["devices_per_node"])
     count = 1 if count is None else count
     if count < 1:

@@ -32,17 +32,33 @@ keep the planner busy for hours."""
 MAX_DEVICES_PER_NODE = 1024
 """One node (one scale-up domain: NVLink, Infinity Fabric) of up to 1,024 devices; NVL72 racks have 72."""
 
-LIMITS = {  # field: (least, most, unit) -- outside these a figure is a unit mistake, not a device
-    "accelerator.peak_flops": (1e6, 1e18, "FLOP/s"),
-    "accelerator.memory_bytes": (2**20, 2**50, "bytes"),
-    "accelerator.memory_bandwidth": (1e3, 1e15, "bytes/s"),
-    "intra_node_bandwidth": (0.0, 1e15, "bytes/s"),
-    "inter_node_bandwidth": (0.0, 1e15, "bytes/s"),
-    "host_bandwidth": (0.0, 1e15, "bytes/s"),
-    "intra_node_latency": (0.0, 10.0, "s"),
-    "inter_node_latency": (0.0, 10.0, "s"),
-    "host_memory_bytes": (0.0, 2**60, "bytes"),
+GB, GIB, TIB = 1e9, 2**30, 2**40
+LIMITS = {  # field: (least, most, unit, what a unit mistake looks like) -- outside these a figure is a unit mistake
+    "accelerator.peak_flops": (1e8, 1e17, "FLOP/s", "FLOP/s, not TFLOP/s"),
+    "accelerator.memory_bytes": (GIB / 4, 4 * TIB, "bytes", "memory_gib is GiB, not MiB or bytes"),
+    "accelerator.memory_bandwidth": (1e9, 1e14, "bytes/s", "bytes/s, not GB/s"),
+    "intra_node_bandwidth": (1e7, 1e13, "bytes/s", "bytes/s per device, not GB/s or bits/s"),
+    "inter_node_bandwidth": (1e6, 1e13, "bytes/s", "bytes/s per device, not GB/s or Gbit/s"),
+    "host_bandwidth": (1e7, 1e13, "bytes/s", "bytes/s, not GB/s"),
+    "intra_node_latency": (1e-8, 1e-2, "s", "seconds, not microseconds"),
+    "inter_node_latency": (1e-8, 1e-2, "s", "seconds, not microseconds"),
+    "host_memory_bytes": (GIB / 4, 256 * TIB, "bytes", "host_memory_gib is GiB per node, not MiB or bytes"),
 }
+"""Plausible ranges, wide enough for a laptop CPU profile and the largest accelerators and nodes announced
+(a 288 GB HBM device, 8 TB/s HBM, 1.8 TB/s NVLink, 2.5 PFLOP/s dense bf16; the catalog's sources), yet narrow
+enough that a figure in the wrong unit falls out: an 80 GB memory typed in MiB (81920 -> 80 TiB), a bandwidth in
+GB/s (450 -> 450 B/s), a latency in microseconds (5 -> 5 s), peak TFLOP/s (989). A link or host figure may be
+0 (none: one device per node, one node, no host offload); the rules below say when it is needed."""
+_OPTIONAL = ("intra_node_bandwidth", "inter_node_bandwidth", "host_bandwidth", "intra_node_latency",
+             "inter_node_latency", "host_memory_bytes")
+
+
+def _shown(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value:.4g} bytes ({value / GIB:,.6g} GiB)"
+    if unit == "bytes/s":
+        return f"{value:.4g} bytes/s ({value / GB:,.6g} GB/s)"
+    return f"{value:.4g} {unit}"
 _FRACTIONS = ("matmul_efficiency", "attention_efficiency", "comm_efficiency", "usable_memory_fraction")
 
 
@@ -77,16 +93,19 @@ def validate_hardware(spec: HardwareSpec, where: str) -> HardwareSpec:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"{where}: {name} must be a positive integer, got {value!r}")
     check_counts(spec.devices_per_node, spec.nodes, where)
-    for name, (least, most, unit) in LIMITS.items():
+    for name, (least, most, unit, hint) in LIMITS.items():
         owner = spec.accelerator if name.startswith("accelerator.") else spec
-        value = _number(getattr(owner, name.split(".")[-1]), name, where)
-        if value == 0 and least > 0:
-            raise UsageError(f"{where}: {name} is 0 or missing; give it ({unit})")
+        field = name.split(".")[-1]
+        value = _number(getattr(owner, field), name, where)
+        if value < 0:
+            raise UsageError(f"{where}: {field} must be non-negative, got {value!r}")
+        if value == 0 and field in _OPTIONAL:
+            continue
+        if value == 0:
+            raise UsageError(f"{where}: {field} is 0 or missing; give it ({unit})")
         if value < least or value > most:
-            shown = f"{value:.4g}" + (f" ({value / 2**30:,.4g} GiB)" if unit == "bytes" else "")
-            bound = "positive and at least" if value < least else "at most"
-            raise UsageError(f"{where}: {name} = {shown} {unit} is outside what a device can have ({bound} "
-                             f"{least if value < least else most:.4g} {unit}); is the unit right?")
+            raise UsageError(f"{where}: {field} = {_shown(value, unit)} is outside the plausible range "
+                             f"{_shown(least, unit)} to {_shown(most, unit)}; is the unit right? ({hint})")
     for name in _FRACTIONS:
         value = _number(getattr(spec, name), name, where)
         if not 0 < value <= 1:

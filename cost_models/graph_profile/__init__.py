@@ -27,6 +27,7 @@ from pathlib import Path
 
 from autosp.cost_models.graph_profile.model_arg import describe_model_arg
 from autosp.cost_models.profile import PROFILE_SCHEMA, ModelProfile
+from autosp.files import make_cache_dirs
 
 __all__ = ["ModelProfile", "cache_dir", "describe_model_arg", "fingerprint", "load_or_build", "preset_config"]
 
@@ -110,7 +111,7 @@ def read_cached(key: str) -> ModelProfile | None:
 def write_cached(profile: ModelProfile) -> Path | None:
     path = cache_path(profile.fingerprint)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_cache_dirs(path.parent)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(profile.to_json(), encoding="utf-8")
         os.replace(tmp, path)

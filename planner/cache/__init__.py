@@ -48,13 +48,15 @@ from autosp.planner.cache.sqlite import SQLitePlanStore
 def open_store(location: str | os.PathLike | None = None) -> PlanStore:
     """The store at ``location``: a path or ``sqlite:///PATH`` (the stdlib SQLite store), any other
     database URL (SQLAlchemy), or None for ``$AUTOSP_CACHE`` / the default file."""
+    flag = "--cache"
     if location is None:
         location = default_cache_location()
+        flag = "$AUTOSP_CACHE"
     text = os.fspath(location)
     if text.startswith("sqlite:///"):
         return SQLitePlanStore(text[len("sqlite:///"):])
     if is_url(text):
-        return SQLAlchemyPlanStore(text)
+        return SQLAlchemyPlanStore(text, flag)
     return SQLitePlanStore(text)
 
 

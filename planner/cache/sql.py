@@ -48,15 +48,26 @@ def make_engine(url: str, flag: str = "--cache"):
         raise UsageError(f"{flag} {shown}: the database driver is not installed ({err}); for PostgreSQL: "
                          f"{install_hint('db')} (psycopg 3, URL postgresql+psycopg://...)") from None
     except Exception as err:  # noqa: BLE001 - NoSuchModuleError (unknown dialect), bad arguments
-        raise UsageError(f"{flag} {shown}: {type(err).__name__}: {err}") from None
+        raise UsageError(f"{flag} {shown}: {type(err).__name__}: {err}{_dialect_hint(parsed.drivername)}") from None
     return sa, engine, shown
+
+
+def _dialect_hint(driver: str) -> str:
+    """What a URL whose scheme SQLAlchemy does not know probably meant."""
+    scheme = driver.split("+")[0].lower()
+    if scheme in ("postgres", "pg", "psql"):
+        return "; SQLAlchemy names PostgreSQL postgresql: write postgresql+psycopg://user@host/db"
+    if scheme in ("http", "https", "ftp", "file", "s3", "gs"):
+        return (f"; a {scheme}:// address is not a database: give a file path or a database URL such as "
+                "postgresql+psycopg://user@host/db")
+    return "; give a file path or a database URL such as postgresql+psycopg://user@host/db"
 
 
 class SQLAlchemyPlanStore(PlanStore):
     """Plans in any SQLAlchemy database (PostgreSQL tested in CI), shared by every planner that opens it."""
 
-    def __init__(self, url: str):
-        sa, self.engine, self.location = make_engine(url)
+    def __init__(self, url: str, flag: str = "--cache"):
+        sa, self.engine, self.location = make_engine(url, flag)
         self.sa = sa
         self.disabled = False
         meta = sa.MetaData()

@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autosp.files import make_cache_dirs
 from autosp.planner.cache.schema import (BUSY_TIMEOUT_S, COLUMNS, COLUMNS_V1, SCHEMA, PlanStore, _Corrupt, _Newer,
                                          _legacy_fields, _NEW_COLUMNS, row_fields, warn_once)
 
@@ -36,7 +37,7 @@ class SQLitePlanStore(PlanStore):
 
     # -- opening, validating, migrating, recovering ------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_cache_dirs(self.path.parent)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         return conn

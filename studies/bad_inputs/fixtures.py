@@ -160,6 +160,10 @@ fixture("plan-objective.json", "plan.json with objective \"fastest\"")(
     _edited_plan(lambda p: p.update(objective="fastest")))
 fixture("plan-graph.json", "plan.json recorded as priced by a graph profile")(
     _edited_plan(lambda p: p["search"].update(model_profile="graph 0123456789abcdef")))
+fixture("plan-dp3.json", "plan.json with candidate.dp edited from 8 to 3")(
+    _edited_plan(lambda p: p["candidate"].update(dp=3)))
+fixture("plan-zero-true.json", "plan.json with zero_stage true (a JSON boolean)")(
+    _edited_plan(lambda p: p["candidate"].update(zero_stage=True)))
 fixture("plan-nan.json", "plan.json whose hardware memory_bandwidth is NaN")(
     _edited_plan(lambda p: p["hardware"]["accelerator"].update(memory_bandwidth=float("nan"))))
 fixture("ds-batch.json", "ds.json with train_batch_size edited by hand")(
@@ -243,6 +247,19 @@ for _name, _what, _body in [
     ("bad.toml", "malformed TOML", "base = \n"),
     ("table.toml", "a TOML table where a number belongs", 'base = "h100"\npeak_flops = {a = 1}\n'),
     ("smallhost.toml", "base h100, host_memory_gib = 1", 'base = "h100"\nhost_memory_gib = 1\n'),
+    ("mib.toml", "base h100, memory_gib = 81920 (MiB by mistake)", 'base = "h100"\nmemory_gib = 81920\n'),
+    ("gbps.toml", "base h100, intra_node_bandwidth = 450 (GB/s by mistake)",
+     'base = "h100"\nintra_node_bandwidth = 450\n'),
+    ("inter-gbps.toml", "base h100, inter_node_bandwidth = 50 (GB/s by mistake)",
+     'base = "h100"\ninter_node_bandwidth = 50\n'),
+    ("host-gbps.toml", "base h100, host_bandwidth = 64 (GB/s by mistake)", 'base = "h100"\nhost_bandwidth = 64\n'),
+    ("hbm-gbps.toml", "base h100, memory_bandwidth = 3350 (GB/s by mistake)",
+     'base = "h100"\nmemory_bandwidth = 3350\n'),
+    ("usec.toml", "base h100, intra_node_latency = 3 (microseconds by mistake)",
+     'base = "h100"\nintra_node_latency = 3\n'),
+    ("tflops.toml", "base h100, peak_flops = 989 (TFLOP/s by mistake)", 'base = "h100"\npeak_flops = 989\n'),
+    ("host-mib.toml", "base h100, host_memory_gib = 2097152 (MiB by mistake)",
+     'base = "h100"\nhost_memory_gib = 2097152\n'),
 ]:
     fixture(_name, _what)(_toml(_body))
 

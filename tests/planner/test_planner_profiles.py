@@ -45,7 +45,7 @@ def test_config_json_plans_with_its_graph_profile_and_the_cached_profile_needs_n
     tmp_path, config = cache_dirs
     plan = make_plan(config, "16k", "h100x8", trials=12, cache=str(tmp_path / "plans.sqlite"))
     err = capfd.readouterr().err
-    assert "is not a preset: tracing it once" in err and "FakeTensorMode" in err  # progress while tracing
+    assert "tracing this config once: ~15 s" in err and "FakeTensorMode" in err  # progress while tracing
     profile = load_or_build(config)  # now a cache hit
     assert plan.search["model_profile"] == f"graph {profile.fingerprint}"
     spec = plan.model

@@ -88,7 +88,7 @@ def test_a_missing_matplotlib_is_one_line_before_any_search(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     png = tmp_path / "x.png"
     code, out, err = _run([*SMALL, "--plot", str(png)])
-    assert code == 2 and out == "" and "pip install 'autosp[plot]'" in err and not png.exists()
+    assert code == 2 and out == "" and "pip install -e '.[plot]'" in err and not png.exists()
 
 
 @pytest.mark.parametrize("argv, needle", [
