@@ -50,6 +50,15 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
     return space_size <= optuna_cost(trials, time_budget)
 
 
+def bulk_is_cheaper(space_size: int, trials_asked, time_budget) -> bool:
+    """Whether the default search scores the space whole with the bulk cost model (planner/bulk_search.py): an
+    exact answer for less than the Optuna search costs, up to BULK_EXHAUSTIVE_CANDIDATES candidates. An explicit
+    ``--trials`` or ``--time-budget`` asks for the sampler, and gets it."""
+    from autosp.planner.bulk_search import BULK_EXHAUSTIVE_CANDIDATES
+
+    return trials_asked is None and time_budget is None and space_size <= BULK_EXHAUSTIVE_CANDIDATES
+
+
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
@@ -144,8 +153,12 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     evaluator = Evaluator(space)
     search_started = time.perf_counter()
     strategy = search
-    if (search == "optuna" and objective == "throughput" and shared is None
-            and exhaustive_is_cheaper(space.size(), trials, time_budget)):
+    from autosp.planner import bulk_search
+
+    in_bulk = objective == "throughput" and bulk_search.supported(space)
+    if search == "optuna" and objective == "throughput" and shared is None and (
+            exhaustive_is_cheaper(space.size(), trials, time_budget)
+            or in_bulk and bulk_is_cheaper(space.size(), request.trials, time_budget)):
         strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
     if strategy == "optuna":
         from autosp.planner import search as optuna_search
@@ -172,12 +185,16 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     else:
         from autosp.planner import exhaustive
 
-        result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
-                  else exhaustive.exhaustive_max_ctx(space, evaluator))
-        sampler = "exhaustive"
+        if in_bulk:
+            result = bulk_search.bulk_throughput(space, evaluator, top_k=max(top_k, getattr(measure, "k", 0) or 0))
+        else:
+            result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
+                      else exhaustive.exhaustive_max_ctx(space, evaluator))
+        sampler = "exhaustive" + (", priced in bulk (numpy)" if in_bulk else "")
         if search != strategy:
             sampler += (f" (the {space.size():,} candidates cost less to score than the Optuna search: "
-                        f"about {optuna_cost(trials, time_budget):,.0f} evaluations)")
+                        + ("a whole space in bulk costs about what one Optuna trial does)" if in_bulk else
+                           f"about {optuna_cost(trials, time_budget):,.0f} evaluations)"))
     search_seconds = time.perf_counter() - search_started
 
     best = result.best
@@ -266,5 +283,6 @@ def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     return padding(seq_len, sp, ring)
 
 
-__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "exhaustive_is_cheaper",
+__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "bulk_is_cheaper",
+           "exhaustive_is_cheaper",
            "make_plan", "optuna_cost", "plan_for"]
