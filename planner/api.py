@@ -12,8 +12,6 @@ import time
 from dataclasses import replace
 
 from autosp.errors import InfeasibleError, UsageError
-from autosp.planner.diagnose import infeasible_message, more_gpus_hint
-from autosp.planner.explain import explain_runner_ups
 from autosp.planner.plan import Plan, RunnerUp
 from autosp.planner.request import PlanRequest, resolve
 from autosp.planner.search import FAMILY_SWEEP_EVALUATIONS
@@ -196,6 +194,9 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
                         + ("a whole space in bulk costs about what one Optuna trial does)" if in_bulk else
                            f"about {optuna_cost(trials, time_budget):,.0f} evaluations)"))
     search_seconds = time.perf_counter() - search_started
+
+    from autosp.planner.diagnose import infeasible_message, more_gpus_hint
+    from autosp.planner.explain import explain_runner_ups
 
     best = result.best
     if best is None and request.fix and not result.ranked and not result.max_ctx:
