@@ -246,6 +246,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         "cache": "miss" if store is not None else "off",
         "padding_tokens": pad_tokens,
         "padding_fraction": round(pad_fraction, 6),
+        "attention_kernel": hw_spec.attention_kernel or None,
     }
     if workload.doc_lens or model_spec.sliding_window:
         from autosp.cost_models.estimate import attention_share
