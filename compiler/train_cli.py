@@ -295,11 +295,23 @@ def main(argv=None) -> int:
         data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
     records = []
+    from autosp.compiler import attention_kernel as kernels
+
+    planned = getattr(plan.hardware, "attention_kernel", "") if plan is not None else ""
+    kernel, mismatch = kernels.choose(planned or None, kernels.machine())
     if rank == 0:
         print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} "
               f"{'packed ' if packed else ''}sequences per micro-step, "
-              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}",
-              flush=True)
+              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}; "
+              f"attention kernel {kernel}", flush=True)
+        if mismatch:
+            print(f"autosp-train: warning: {mismatch}", file=sys.stderr, flush=True)
+    backends = kernels.sdpa_backends(kernel) if cuda else None
+    if backends:  # SDPA calls of the step run on the chosen kernel's backends first
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        sdpa_context = sdpa_kernel([getattr(SDPBackend, b) for b in backends], set_priority=True)
+        sdpa_context.__enter__()
     for step in range(args.steps):
         start = time.perf_counter()
         losses = []
