@@ -1,6 +1,8 @@
 """Attention kernels as part of the hardware profile: which kernels each catalogued accelerator runs, how fast
 each runs causal attention (forward + backward, as a fraction of the accelerator's dense bf16 peak), and which
-one the compiler runs there by default.
+one the compiler runs there by default; and, for a machine described by its CUDA capability, cuDNN version and
+packages (:class:`Machine`), which kernels it runs (:func:`available`) and which one runs for a plan
+(:func:`choose`: the compiler's start-up and ``autosp-calibrate`` use the same rule).
 
 ``attention_efficiency`` of a HardwareSpec prices *one* kernel, named by its ``attention_kernel``;
 :func:`with_kernel` sets both from this table (``autosp-plan --attention-kernel``), and the plan records the
@@ -34,7 +36,7 @@ GH200 and B200; flash2 on A100 and MI300X (ROCm's SDPA flash backend).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 KERNELS = ("flash2", "flash3", "cudnn", "flex")
 
@@ -102,4 +104,63 @@ def with_kernel(hw, kernel: str | None = None):
     return replace(hw, attention_efficiency=efficiency, attention_kernel=kernel)
 
 
-__all__ = ["KERNELS", "TABLE", "default_kernel", "kernels_of", "relative_speed", "with_kernel"]
+CUDNN_PREFERRED_FROM = 91501
+"""cuDNN 9.15.1: from this version SDPA prefers its cuDNN backend on sm90/sm100 (torch sdp_utils.cpp)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What decides the attention kernels a process can run."""
+
+    device: str                 # "cuda" or "cpu"
+    capability: tuple = (0, 0)  # CUDA compute capability (major, minor)
+    cudnn_version: int = 0      # torch.backends.cudnn.version(), 0 when absent
+    flash3_package: bool = False  # flash_attn_interface (FlashAttention-3) imports
+    flex: bool = True           # torch.nn.attention.flex_attention exists
+
+
+def available(m: Machine) -> tuple[str, ...]:
+    """The kernels this machine runs, its default first."""
+    if m.device != "cuda":
+        return ("cpu",)
+    major = m.capability[0]
+    kernels = []
+    prefer_cudnn = major in (9, 10) and m.capability[1] == 0 and m.cudnn_version >= CUDNN_PREFERRED_FROM
+    if prefer_cudnn:
+        kernels.append("cudnn")
+    if major >= 8:
+        kernels.append("flash2")
+    if major == 9 and m.flash3_package:
+        kernels.append("flash3")
+    if major >= 8 and m.cudnn_version and not prefer_cudnn:
+        kernels.append("cudnn")
+    if m.flex:
+        kernels.append("flex")
+    return tuple(kernels) or ("efficient",)
+
+
+def choose(planned: str | None, m: Machine) -> tuple[str, str | None]:
+    """(the kernel that runs, a warning or None): the plan's kernel when the machine has it, else the machine's
+    default with a one-line warning naming both."""
+    kernels = available(m)
+    if not planned or planned in kernels:
+        return (planned or kernels[0]), None
+    return kernels[0], (f"the plan was priced for the {planned} attention kernel, which this machine does not run "
+                        f"({m.device}{'' if m.device != 'cuda' else ' sm%d%d' % tuple(m.capability)}); {kernels[0]} "
+                        f"will run, so the step time will differ from the plan's prediction")
+
+
+def machine_of(torch) -> Machine:
+    """The machine ``torch`` (the imported module) runs on."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        return Machine(device="cpu")
+    return Machine(device="cuda", capability=tuple(torch.cuda.get_device_capability()),
+                   cudnn_version=int(torch.backends.cudnn.version() or 0),
+                   flash3_package=importlib.util.find_spec("flash_attn_interface") is not None,
+                   flex=importlib.util.find_spec("torch.nn.attention.flex_attention") is not None)
+
+
+__all__ = ["CUDNN_PREFERRED_FROM", "KERNELS", "Machine", "TABLE", "available", "choose", "default_kernel", "kernels_of",
+           "machine_of", "relative_speed", "with_kernel"]
