@@ -3,6 +3,7 @@ random set of requests.
 
     .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
     .venv/bin/python -m studies.search_quality --seed 7 --out studies/results/search_quality_seed7_n150
+    .venv/bin/python -m studies.search_quality --seed 7 --trials 60 --out studies/results/search_quality_seed7_n150_optuna
     .venv/bin/python -m studies.search_quality --n 40 --seed 1
     .venv/bin/python -m studies.search_quality --report-only   # the summary of the saved results again
 
@@ -55,7 +56,7 @@ def one(request: dict) -> dict:
     row = {"request": request}
     try:
         started = time.perf_counter()
-        default = make_plan(**request)
+        default = make_plan(**request, trials=TRIALS)
         row["default_s"] = time.perf_counter() - started
         started = time.perf_counter()
         best = scalar_exhaustive(request) if SCALAR_REFERENCE else bulk_exhaustive(request)
@@ -74,6 +75,11 @@ def one(request: dict) -> dict:
                default_search_s=s["search_wall_time_s"])
     return row
 
+
+TRIALS = None
+"""``--trials N``: plan with N sampler trials (the Optuna search, bulk family completion included) instead of the
+default search, which scores every space of the random requests whole in bulk (they stay under
+BULK_EXHAUSTIVE_CANDIDATES)."""
 
 SCALAR_REFERENCE = False
 """``--scalar-reference``: price the reference with the scalar model, candidate by candidate (hours for 150 requests
@@ -125,7 +131,8 @@ def quantile(values: list[float], q: float) -> float:
 def report(rows: list[dict], seed: int) -> str:
     done = [r for r in rows if "ratio" in r]
     ratios = [r["ratio"] for r in done]
-    lines = [f"search quality: default search vs exhaustive ({'scalar' if SCALAR_REFERENCE else 'bulk'} cost model), "
+    searched = "default search" if TRIALS is None else f"Optuna search ({TRIALS} trials)"
+    lines = [f"search quality: {searched} vs exhaustive ({'scalar' if SCALAR_REFERENCE else 'bulk'} cost model), "
              f"{len(rows)} random requests (seed {seed}), "
              f"{len(done)} feasible, {len(rows) - len(done)} infeasible"]
     lines.append(f"  ratio (default best / exhaustive best tokens/s): min {min(ratios):.4f}, "
@@ -167,11 +174,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the request generator (default 0)")
     parser.add_argument("--out", default=str(RESULTS / "search_quality"), help="results path without suffix")
     parser.add_argument("--report-only", action="store_true", help="print the summary of OUT.json again, plan nothing")
+    parser.add_argument("--trials", type=int, help="plan with this many Optuna trials instead of the default search")
     parser.add_argument("--scalar-reference", action="store_true",
                         help="price the exhaustive reference with the scalar model (slow) instead of in bulk")
     args = parser.parse_args(argv)
-    global SCALAR_REFERENCE
+    global SCALAR_REFERENCE, TRIALS
     SCALAR_REFERENCE = args.scalar_reference
+    TRIALS = args.trials
     out = Path(args.out)
     if args.report_only:
         saved = json.loads(out.with_suffix(".json").read_text())
