@@ -87,40 +87,38 @@ on a loaded machine); by default the bulk model prices it, which equals the scal
 (tests/cost_models/test_bulk.py, 7 spaces, relative difference <= 1e-12)."""
 
 
+def _space_of(request: dict):
+    from autosp.planner.request import PlanRequest, resolve
+    from autosp.planner.space import build_space
+
+    req = PlanRequest(**request)
+    r = resolve(req)
+    return build_space(r.model, r.hardware, r.workload, allow_cross_node_sp=req.allow_cross_node_sp, profile=r.profile)
+
+
+def _best(result):
+    if result.best is None:
+        raise InfeasibleError("nothing fits")
+    return result.best, result.evaluations
+
+
 def bulk_exhaustive(request: dict):
     """((candidate, estimate), evaluations) of the exhaustive search priced in bulk (planner/bulk_search.py)."""
     from autosp.planner.bulk_search import bulk_throughput
     from autosp.planner.evaluator import Evaluator
-    from autosp.planner.request import PlanRequest, resolve
-    from autosp.planner.space import build_space
 
-    req = PlanRequest(**request)
-    r = resolve(req)
-    space = build_space(r.model, r.hardware, r.workload, allow_cross_node_sp=req.allow_cross_node_sp,
-                        profile=r.profile)
-    result = bulk_throughput(space, Evaluator(space))
-    if result.best is None:
-        raise InfeasibleError("nothing fits")
-    return result.best, result.evaluations
+    space = _space_of(request)
+    return _best(bulk_throughput(space, Evaluator(space)))
 
 
 def scalar_exhaustive(request: dict):
     """((candidate, estimate), evaluations) of the exhaustive search with the scalar cost model -- every candidate
-    priced by :func:`autosp.cost_models.estimate.estimate`, the reference (``--search exhaustive`` prices in bulk,
-    and the default search may too: the reference must not share that code) -- or (None, n) when nothing fits."""
+    priced by :func:`autosp.cost_models.estimate.estimate` -- or InfeasibleError when nothing fits."""
     from autosp.planner.evaluator import Evaluator
     from autosp.planner.exhaustive import exhaustive_throughput
-    from autosp.planner.request import PlanRequest, resolve
-    from autosp.planner.space import build_space
 
-    req = PlanRequest(**request)
-    r = resolve(req)
-    space = build_space(r.model, r.hardware, r.workload, allow_cross_node_sp=req.allow_cross_node_sp,
-                        profile=r.profile)
-    result = exhaustive_throughput(space, Evaluator(space))
-    if result.best is None:
-        raise InfeasibleError("nothing fits")
-    return result.best, result.evaluations
+    space = _space_of(request)
+    return _best(exhaustive_throughput(space, Evaluator(space)))
 
 
 def quantile(values: list[float], q: float) -> float:
