@@ -2,8 +2,10 @@
 random set of requests.
 
     .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
-    .venv/bin/python -m studies.search_quality --seed 7 --out studies/results/search_quality_seed7_n150
-    .venv/bin/python -m studies.search_quality --seed 7 --trials 60 --out studies/results/search_quality_seed7_n150_optuna
+    .venv/bin/python -m studies.search_quality --seed 7 --out OUT              # OUT.json and OUT.txt
+    .venv/bin/python -m studies.search_quality --seed 7 --trials 60 --out OUT  # the Optuna search instead
+
+(seed 7's results: studies/results/search_quality_seed7_n150.txt and studies/results/search_quality_seed7_n150_optuna.txt)
     .venv/bin/python -m studies.search_quality --n 40 --seed 1
     .venv/bin/python -m studies.search_quality --report-only   # the summary of the saved results again
 
