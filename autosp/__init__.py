@@ -10,7 +10,6 @@ The public API. Importing ``autosp`` is cheap (no torch); :func:`compile` import
 """
 
 from autosp.errors import AutospError, InfeasibleError, UsageError
-from autosp.version import __version__
 
 __all__ = ["__version__", "AutospError", "InfeasibleError", "OptimizerOptions", "PlanRequest", "UsageError", "compile",
            "load_plan", "plan"]
@@ -34,6 +33,10 @@ def plan(model, ctx=None, hw=None, **options):
 
 
 def __getattr__(name):  # PlanRequest without importing the planner at ``import autosp``
+    if name == "__version__":  # read from the distribution's metadata on first use (importlib.metadata is slow)
+        from autosp.version import __version__
+
+        return __version__
     if name == "PlanRequest":
         from autosp.planner.request import PlanRequest
 

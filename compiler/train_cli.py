@@ -326,19 +326,28 @@ def main(argv=None) -> int:
     else:
         data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
+    from autosp.compiler import attention_kernel as kernels
+
+    planned = getattr(plan.hardware, "attention_kernel", "") if plan is not None else ""
+    kernel, mismatch = kernels.choose(planned or None, kernels.machine())
     if rank == 0:
         print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} "
               f"{'packed ' if packed else ''}sequences per micro-step, "
-              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}"
+              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}; "
+              f"attention kernel {kernel}"
               + (f"; data: {data.describe()}" if hasattr(data, "describe") else ""), flush=True)
+        if mismatch:
+            print(f"autosp-train: warning: {mismatch}", file=sys.stderr, flush=True)
     _first_run_notice("compile", backend=args.backend)
     from autosp.compiler.training.logging import StepLogger
     from autosp.compiler.training.loop import Trainer
 
     logger = StepLogger(steps=args.steps, seq=seq, candidate=c, plan=plan, world=dist.get_world_size(),
                         log_json=args.log_json, tensorboard=args.tensorboard, rank=rank)
-    Trainer(engine, data, logger, steps=args.steps, rows=rows, eval_source=eval_source,
-            eval_every=args.eval_every or 0, eval_steps=args.eval_steps).run()
+    trainer = Trainer(engine, data, logger, steps=args.steps, rows=rows, eval_source=eval_source,
+                      eval_every=args.eval_every or 0, eval_steps=args.eval_steps)
+    with kernels.sdpa_context(kernel if cuda else None):  # the step's SDPA calls run on the chosen kernel first
+        trainer.run()
     return 0
 
 

@@ -179,6 +179,9 @@ class HardwareSpec:
     comm_efficiency: float = 0.8
     usable_memory_fraction: float = 0.95
     source: str = ""
+    attention_kernel: str = ""
+    """The attention kernel ``attention_efficiency`` prices (flash2, flash3, cudnn, flex:
+    cost_models/catalog/attention_kernels.py); empty where the figure is not per kernel."""
 
     def __post_init__(self):
         if self.devices_per_node < 1 or self.nodes < 1:

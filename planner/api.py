@@ -12,8 +12,6 @@ import time
 from dataclasses import replace
 
 from autosp.errors import InfeasibleError, UsageError
-from autosp.planner.diagnose import infeasible_message, more_gpus_hint
-from autosp.planner.explain import explain_runner_ups
 from autosp.planner.plan import Plan, RunnerUp
 from autosp.planner.request import PlanRequest, resolve
 from autosp.planner.search import FAMILY_SWEEP_EVALUATIONS
@@ -50,17 +48,27 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
     return space_size <= optuna_cost(trials, time_budget)
 
 
+def bulk_is_cheaper(space_size: int, trials_asked, time_budget) -> bool:
+    """Whether the default search scores the space whole with the bulk cost model (planner/bulk_search.py): an
+    exact answer for less than the Optuna search costs, up to BULK_EXHAUSTIVE_CANDIDATES candidates. An explicit
+    ``--trials`` or ``--time-budget`` asks for the sampler, and gets it."""
+    from autosp.planner.bulk_search import BULK_EXHAUSTIVE_CANDIDATES
+
+    return trials_asked is None and time_budget is None and space_size <= BULK_EXHAUSTIVE_CANDIDATES
+
+
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
-              measure=None, time_budget=None, fix=(), doc_lens=None, mean_doc_len=None) -> Plan:
+              measure=None, time_budget=None, fix=(), doc_lens=None, mean_doc_len=None,
+              attention_kernel=None) -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
     :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
     docs say what each takes, and the run options of :func:`plan_for`)."""
     request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
                           dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
                           seed=seed, time_budget=time_budget, top_k=top_k, fix=fix, doc_lens=doc_lens,
-                          mean_doc_len=mean_doc_len)
+                          mean_doc_len=mean_doc_len, attention_kernel=attention_kernel)
     return plan_for(request, cache=cache, storage=storage, study_name=study_name, worker=worker, measure=measure)
 
 
@@ -144,8 +152,12 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     evaluator = Evaluator(space)
     search_started = time.perf_counter()
     strategy = search
-    if (search == "optuna" and objective == "throughput" and shared is None
-            and exhaustive_is_cheaper(space.size(), trials, time_budget)):
+    from autosp.planner import bulk_search
+
+    in_bulk = objective == "throughput" and bulk_search.supported(space)
+    if search == "optuna" and objective == "throughput" and shared is None and (
+            exhaustive_is_cheaper(space.size(), trials, time_budget)
+            or in_bulk and bulk_is_cheaper(space.size(), request.trials, time_budget)):
         strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
     if strategy == "optuna":
         from autosp.planner import search as optuna_search
@@ -172,13 +184,20 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     else:
         from autosp.planner import exhaustive
 
-        result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
-                  else exhaustive.exhaustive_max_ctx(space, evaluator))
-        sampler = "exhaustive"
+        if in_bulk:
+            result = bulk_search.bulk_throughput(space, evaluator, top_k=max(top_k, getattr(measure, "k", 0) or 0))
+        else:
+            result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
+                      else exhaustive.exhaustive_max_ctx(space, evaluator))
+        sampler = "exhaustive" + (", priced in bulk (numpy)" if in_bulk else "")
         if search != strategy:
             sampler += (f" (the {space.size():,} candidates cost less to score than the Optuna search: "
-                        f"about {optuna_cost(trials, time_budget):,.0f} evaluations)")
+                        + ("a whole space in bulk costs about what one Optuna trial does)" if in_bulk else
+                           f"about {optuna_cost(trials, time_budget):,.0f} evaluations)"))
     search_seconds = time.perf_counter() - search_started
+
+    from autosp.planner.diagnose import infeasible_message, more_gpus_hint
+    from autosp.planner.explain import explain_runner_ups
 
     best = result.best
     if best is None and request.fix and not result.ranked and not result.max_ctx:
@@ -228,6 +247,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         "cache": "miss" if store is not None else "off",
         "padding_tokens": pad_tokens,
         "padding_fraction": round(pad_fraction, 6),
+        "attention_kernel": hw_spec.attention_kernel or None,
     }
     if workload.doc_lens or model_spec.sliding_window:
         from autosp.cost_models.estimate import attention_share
@@ -266,5 +286,6 @@ def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     return padding(seq_len, sp, ring)
 
 
-__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "exhaustive_is_cheaper",
+__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "bulk_is_cheaper",
+           "exhaustive_is_cheaper",
            "make_plan", "optuna_cost", "plan_for"]

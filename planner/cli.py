@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--global-batch", metavar="N",
                       help="sequences per optimizer step (default: one micro-batch per data-parallel replica)")
     what.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="training precision (default bf16)")
+    what.add_argument("--attention-kernel", choices=("flash2", "flash3", "cudnn", "flex"),
+                      help="the attention kernel to price (default: the one the compiler runs on the accelerator: "
+                           "cudnn on Hopper and Blackwell, flash2 elsewhere)")
     docs = what.add_mutually_exclusive_group()
     docs.add_argument("--doc-lens", metavar="FILE",
                       help="packed documents: their lengths in tokens, as a text file with one length per line, "

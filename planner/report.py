@@ -34,9 +34,10 @@ def bar(fraction: float, width: int = BAR_WIDTH, unicode: bool = True) -> str:
 
 def _hw_line(hw) -> str:
     acc = hw.accelerator
+    kernel = f", attention kernel {hw.attention_kernel}" if getattr(hw, "attention_kernel", "") else ""
     if hw.nodes > 1:
-        return f"{hw.name} ({hw.nodes} nodes x {hw.devices_per_node} {acc.name})"
-    return f"{hw.name} ({hw.devices_per_node} x {acc.name})"
+        return f"{hw.name} ({hw.nodes} nodes x {hw.devices_per_node} {acc.name}{kernel})"
+    return f"{hw.name} ({hw.devices_per_node} x {acc.name}{kernel})"
 
 
 def layout_row(plan, times: str = "x") -> tuple[str, str]:

@@ -77,6 +77,9 @@ class PlanRequest:
     (planner/doc_lens.py). None: unpacked, every sequence one document."""
     mean_doc_len: object = None
     """Packed documents all of this many tokens (``"16k"``); excludes ``doc_lens``."""
+    attention_kernel: str | None = None
+    """The attention kernel the cost model prices (``flash2``, ``flash3``, ``cudnn``, ``flex``); None: the one the
+    compiler runs on the accelerator (cost_models/catalog/attention_kernels.py)."""
 
     def __post_init__(self):
         def set_(name, value):
@@ -93,6 +96,10 @@ class PlanRequest:
                                  f"got {self.hw!r}")
         elif not isinstance(self.hw, HardwareSpec):
             raise UsageError(f"--hw must be a catalog name such as h100x8 or a path to a cluster file, got {self.hw!r}")
+        from autosp.cost_models.catalog.attention_kernels import KERNELS
+
+        if self.attention_kernel is not None and self.attention_kernel not in KERNELS:
+            raise UsageError(f"--attention-kernel must be one of {', '.join(KERNELS)}, got {self.attention_kernel!r}")
         for name, allowed in (("objective", OBJECTIVES), ("search", SEARCHES), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -211,6 +218,13 @@ def resolve(request: PlanRequest) -> ResolvedRequest:
 
     model, profile = resolve_model_and_profile(request.model)
     hardware = resolve_hardware(request.hw, request.nodes)
+    if request.attention_kernel is not None:
+        from autosp.cost_models.catalog.attention_kernels import with_kernel
+
+        try:
+            hardware = with_kernel(hardware, request.attention_kernel)
+        except ValueError as err:
+            raise UsageError(f"--attention-kernel: {err}") from None
     workload = Workload(seq_len=request.ctx or CTX_GRANULE, global_batch=request.global_batch, dtype=request.dtype,
                         doc_lens=request.documents())
     return ResolvedRequest(request=request, model=model, profile=profile, hardware=hardware, workload=workload)

@@ -63,6 +63,11 @@ large one; about 1.5x what the trials and the refinement cost (60 trials x ~75 e
 time + ~2,750 calls, studies/results/search_quality_seed0_n150_before_family_sweep.txt)."""
 
 
+FAMILY_SWEEP_BULK_CANDIDATES = 400_000
+"""The family completion's budget, in candidates, where the bulk cost model scores the families
+(planner/bulk_search.py: about 1 us a candidate, so about what FAMILY_SWEEP_EVALUATIONS scalar calls cost)."""
+
+
 def _import_optuna():
     import optuna
 
@@ -386,11 +391,13 @@ def structure_sweep(space, estimate) -> None:
                                        offload_chunks=False), estimate)
 
 
-def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS):
+def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS, best_of=None):
     """Score, through ``estimate``, every candidate of the (sp, ring, ZeRO, checkpointing) families of the
     candidates in ``ranked``, in its order (the families of fitting candidates first, then those whose scored
     members all miss the memory by a little: their best member may fit), skipping a family that would take the
-    calls spent past ``budget``. Returns the best fitting candidate scored, or None."""
+    calls spent past ``budget``. Returns the best fitting candidate scored, or None. ``best_of(members)``, when
+    given, returns the best fitting candidate of a family's sub-space at once (the bulk cost model:
+    planner/bulk_search.py), which is then the only one scored through ``estimate``."""
     spent, seen, best = 0, set(), None
     for cand, _ in ranked:
         family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
@@ -403,7 +410,7 @@ def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS
         if spent + size > budget:
             continue
         spent += size
-        for member in members.candidates():
+        for member in (members.candidates() if best_of is None else filter(None, [best_of(members)])):
             score = estimate(member)
             if score.fits and (best is None or score.tokens_per_second > best[1].tokens_per_second):
                 best = (member, score)
@@ -513,7 +520,14 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 
         ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
     after_refine = evaluator.calls
-    completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq))
+    from autosp.planner import bulk_search
+
+    if bulk_search.supported(target):  # whole families in bulk: many more of them for the same time
+        completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq),
+                                 budget=FAMILY_SWEEP_BULK_CANDIDATES,
+                                 best_of=lambda members: bulk_search.best_of(members, evaluator, seq))
+    else:
+        completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq))
     if completed is not None:
         ends.append(completed)
     bar.close()
@@ -602,6 +616,6 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     return result
 
 
-__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "FAMILY_SWEEP_EVALUATIONS", "MAX_TRIALS", "REFINE_STARTS",
+__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "FAMILY_SWEEP_BULK_CANDIDATES", "FAMILY_SWEEP_EVALUATIONS", "MAX_TRIALS", "REFINE_STARTS",
            "WALK_SPEED_FLOOR", "complete", "family_sweep", "hill_climb", "node_local_ring", "optuna_max_ctx",
            "optuna_throughput", "structure_sweep", "warm_starts"]

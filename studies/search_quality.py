@@ -2,13 +2,19 @@
 random set of requests.
 
     .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
+    .venv/bin/python -m studies.search_quality --seed 7 --out OUT              # OUT.json and OUT.txt
+    .venv/bin/python -m studies.search_quality --seed 7 --trials 60 --out OUT  # the Optuna search instead
+
+(seed 7's results: studies/results/search_quality_seed7_n150.txt and studies/results/search_quality_seed7_n150_optuna.txt)
     .venv/bin/python -m studies.search_quality --n 40 --seed 1
     .venv/bin/python -m studies.search_quality --report-only   # the summary of the saved results again
 
 For each request (a preset model, a catalog accelerator on 1 to 64 devices, a context between 2k and 2M
 tokens drawn log-uniformly, with or without a global batch and cross-node SP, bf16 or fp32) the script
-plans twice in this process: with the default search, and with ``--search exhaustive`` (every candidate
-scored: the optimum). ratio = default best tokens/s / exhaustive best tokens/s. Requests that nothing fits
+plans twice in this process: with the default search, and with the exhaustive search (every candidate scored: the
+optimum), priced by the bulk cost model (``--scalar-reference``: by the scalar model, candidate by candidate; the
+two agree on every candidate, tests/cost_models/test_bulk.py). The default search itself scores a space of up to
+BULK_EXHAUSTIVE_CANDIDATES whole in bulk, so the requests that test the sampler are the larger ones. ratio = default best tokens/s / exhaustive best tokens/s. Requests that nothing fits
 are counted and left out. It prints the distribution of the ratio, which strategy the default used, the
 worst requests, and the timings that set the planner's threshold for scoring a small space exhaustively
 (cost of one cost-model evaluation inside the exhaustive search, cost of one Optuna trial), and writes
@@ -52,23 +58,69 @@ def one(request: dict) -> dict:
     row = {"request": request}
     try:
         started = time.perf_counter()
-        default = make_plan(**request)
+        default = make_plan(**request, trials=TRIALS)
         row["default_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        best = make_plan(**request, search="exhaustive")
+        best = scalar_exhaustive(request) if SCALAR_REFERENCE else bulk_exhaustive(request)
         row["exhaustive_s"] = time.perf_counter() - started
     except InfeasibleError:
         row["infeasible"] = True
         return row
     s = default.search
+    (best_cand, best_est), evaluations = best
     row.update(strategy=s["strategy"], space_size=s["space_size"], evaluations=s["evaluations"],
                trials=s.get("trials"), default_tps=default.estimate.tokens_per_second,
-               best_tps=best.estimate.tokens_per_second,
-               ratio=default.estimate.tokens_per_second / best.estimate.tokens_per_second,
-               default=default.candidate.short(), best=best.candidate.short(),
-               exhaustive_eval_ms=1000 * best.search["search_wall_time_s"] / max(1, best.search["evaluations"]),
+               best_tps=best_est.tokens_per_second,
+               ratio=default.estimate.tokens_per_second / best_est.tokens_per_second,
+               default=default.candidate.short(), best=best_cand.short(), sampler=s["sampler"],
+               exhaustive_eval_ms=1000 * row["exhaustive_s"] / max(1, evaluations),
                default_search_s=s["search_wall_time_s"])
     return row
+
+
+TRIALS = None
+"""``--trials N``: plan with N sampler trials (the Optuna search, bulk family completion included) instead of the
+default search, which scores every space of the random requests whole in bulk (they stay under
+BULK_EXHAUSTIVE_CANDIDATES)."""
+
+SCALAR_REFERENCE = False
+"""``--scalar-reference``: price the reference with the scalar model, candidate by candidate (hours for 150 requests
+on a loaded machine); by default the bulk model prices it, which equals the scalar model on every candidate
+(tests/cost_models/test_bulk.py, 7 spaces, relative difference <= 1e-12)."""
+
+
+def _space_of(request: dict):
+    from autosp.planner.request import PlanRequest, resolve
+    from autosp.planner.space import build_space
+
+    req = PlanRequest(**request)
+    r = resolve(req)
+    return build_space(r.model, r.hardware, r.workload, allow_cross_node_sp=req.allow_cross_node_sp, profile=r.profile)
+
+
+def _best(result):
+    if result.best is None:
+        raise InfeasibleError("nothing fits")
+    return result.best, result.evaluations
+
+
+def bulk_exhaustive(request: dict):
+    """((candidate, estimate), evaluations) of the exhaustive search priced in bulk (planner/bulk_search.py)."""
+    from autosp.planner.bulk_search import bulk_throughput
+    from autosp.planner.evaluator import Evaluator
+
+    space = _space_of(request)
+    return _best(bulk_throughput(space, Evaluator(space)))
+
+
+def scalar_exhaustive(request: dict):
+    """((candidate, estimate), evaluations) of the exhaustive search with the scalar cost model -- every candidate
+    priced by :func:`autosp.cost_models.estimate.estimate` -- or InfeasibleError when nothing fits."""
+    from autosp.planner.evaluator import Evaluator
+    from autosp.planner.exhaustive import exhaustive_throughput
+
+    space = _space_of(request)
+    return _best(exhaustive_throughput(space, Evaluator(space)))
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -79,7 +131,9 @@ def quantile(values: list[float], q: float) -> float:
 def report(rows: list[dict], seed: int) -> str:
     done = [r for r in rows if "ratio" in r]
     ratios = [r["ratio"] for r in done]
-    lines = [f"search quality: default search vs exhaustive, {len(rows)} random requests (seed {seed}), "
+    searched = "default search" if TRIALS is None else f"Optuna search ({TRIALS} trials)"
+    lines = [f"search quality: {searched} vs exhaustive ({'scalar' if SCALAR_REFERENCE else 'bulk'} cost model), "
+             f"{len(rows)} random requests (seed {seed}), "
              f"{len(done)} feasible, {len(rows) - len(done)} infeasible"]
     lines.append(f"  ratio (default best / exhaustive best tokens/s): min {min(ratios):.4f}, "
                  f"p1 {quantile(ratios, 0.01):.4f}, p5 {quantile(ratios, 0.05):.4f}, "
@@ -120,7 +174,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the request generator (default 0)")
     parser.add_argument("--out", default=str(RESULTS / "search_quality"), help="results path without suffix")
     parser.add_argument("--report-only", action="store_true", help="print the summary of OUT.json again, plan nothing")
+    parser.add_argument("--trials", type=int, help="plan with this many Optuna trials instead of the default search")
+    parser.add_argument("--scalar-reference", action="store_true",
+                        help="price the exhaustive reference with the scalar model (slow) instead of in bulk")
     args = parser.parse_args(argv)
+    global SCALAR_REFERENCE, TRIALS
+    SCALAR_REFERENCE = args.scalar_reference
+    TRIALS = args.trials
     out = Path(args.out)
     if args.report_only:
         saved = json.loads(out.with_suffix(".json").read_text())

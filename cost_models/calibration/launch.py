@@ -148,10 +148,22 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int, cfg: Laun
         return {"ranks": gathered, "groups": [{"size": g, "scope": s} for g, s in groups],
                 "world_size": world, "local_world_size": local_world, "backend": cfg.backend if distributed else None,
                 "device": settings.device, "torch_version": torch.__version__,
-                "cuda_version": torch.version.cuda, "settings": asdict(settings)}
+                "cuda_version": torch.version.cuda, "settings": asdict(settings),
+                "attention_kernel": _attention_kernel(torch, settings.device)}
     finally:
         if distributed:
             dist.destroy_process_group()
+
+
+def _attention_kernel(torch, device: str) -> str:
+    """The kernel SDPA ran the attention measurement with here (the machine's default: the same rule as the
+    compiler's, cost_models/catalog/attention_kernels.py); '' on CPU (its figure is not per kernel)."""
+    from autosp.cost_models.catalog.attention_kernels import available, machine_of
+
+    if device != "cuda":
+        return ""
+    kernel = available(machine_of(torch))[0]
+    return kernel if kernel in ("flash2", "cudnn") else ""  # SDPA's own default order runs one of these
 
 
 def _spawn_entry(rank: int, world: int, cfg: LaunchConfig, init_method: str, result_path: str) -> None:

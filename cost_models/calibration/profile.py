@@ -226,6 +226,7 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
         comm_efficiency=1.0,
         usable_memory_fraction=usable_fraction,
         source=where,
+        attention_kernel=raw.get("attention_kernel", ""),  # the kernel the attention measurement ran
     )
     def link(what, fig, scope):
         if not fig:

@@ -224,7 +224,10 @@ def resolve_hardware(arg: str, nodes: int | None = None) -> HardwareSpec:
             raise UsageError(f"hardware {arg!r} already spans {n_nodes} nodes; drop --nodes or write "
                              f"{name}x{dpn} --nodes {nodes}")
         n_nodes = nodes
-    return _build(name, entry, dpn, n_nodes, f"hardware catalog entry {name!r}")
+    from autosp.cost_models.catalog.attention_kernels import with_kernel
+
+    # the catalog's attention figure is FlashAttention-2's; price the kernel the compiler runs there by default
+    return with_kernel(_build(name, entry, dpn, n_nodes, f"hardware catalog entry {name!r}"))
 
 
 def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> HardwareSpec:

@@ -65,7 +65,8 @@ def test_the_default_search_scores_a_small_space_whole():
     assert default.candidate == best.candidate
     assert default.search["strategy"] == "exhaustive" and default.search["evaluations"] == default.search["space_size"]
     assert "cost less to score" in default.search["sampler"]
-    big = make_plan("llama-3.1-8b", "200k", "h100x8")
+    # with --trials the sampler runs (without, the bulk cost model scores this space whole: tests/cost_models/test_bulk.py)
+    big = make_plan("llama-3.1-8b", "200k", "h100x8", trials=60)
     assert big.search["strategy"] == "optuna" and big.search["evaluations"] < big.search["space_size"]
 
 

@@ -1,0 +1,354 @@
+"""The cost model over many candidates at once: per-GPU memory, step time and tokens/s as numpy arrays.
+
+:func:`autosp.cost_models.estimate.estimate` prices one candidate and is the reference; this module gives the
+same three numbers for a whole group of candidates that share a *shape* -- the layout (sp, ring), the
+micro-batch (with its dp and grad_accum) and the sequence chunks, i.e. everything :class:`Shapes` reads from a
+candidate. Within a group the other knobs (ZeRO stage, checkpointing, MLP and loss tiling, the four offloads,
+the overlap schedule) only select among a few values of each term, so:
+
+- every term that depends on the shape alone is computed once per group, by the scalar functions themselves;
+- every term that depends on a few knobs with few values (a policy's kept set, a tiling level's working set, a
+  ZeRO stage's collectives) is a small table built with the scalar functions and indexed per candidate;
+- only the arithmetic that combines them (sums, the max of two phases, exposed = max(0, copy - compute)) is
+  written here again, in numpy, in the order of :func:`memory.memory_breakdown` and
+  :func:`step_time.step_time_parts`.
+
+tests/cost_models/test_bulk.py checks every candidate of several spaces against the scalar estimate (relative
+difference <= 1e-12). A term added to the scalar model must be added here too (that test fails until it is);
+:func:`supported` names the inputs this module leaves to the scalar path (it then raises, never guesses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from autosp.cost_models import chunks, comm, flops, memory, param_offload, ring
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRAM_BANDWIDTH_PER_NODE, TILE_OVERHEAD_S,
+                                          ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks)
+
+FULL = CHECKPOINTING_POLICIES.index("full")
+NONE = CHECKPOINTING_POLICIES.index("none")
+
+ROW_KNOBS = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing", "mlp_chunks", "loss_chunks",
+             "offload_chunks", "offload_activations", "overlap")
+"""The knobs that vary inside a shape group, as arrays: checkpointing and overlap as indices into
+CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES, the offloads as booleans, the others as ints."""
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """Per-candidate results of one group, in the order of its rows."""
+
+    step: np.ndarray              # TimeBreakdown.step, seconds
+    memory: np.ndarray            # MemoryBreakdown.total, bytes per GPU
+    tokens_per_second: np.ndarray
+    capacity: float
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.memory <= self.capacity
+
+
+def supported(hw: HardwareSpec) -> str | None:
+    """Why this module cannot price candidates on ``hw`` (degenerate links or bandwidths, where the scalar model
+    takes its infinite / zero branches), or None."""
+    acc = hw.accelerator
+    for name, value in (("memory bandwidth", acc.memory_bandwidth), ("peak FLOPs", acc.peak_flops),
+                        ("host bandwidth", hw.host_bandwidth * hw.comm_efficiency),
+                        ("intra-node bandwidth", hw.intra_node_bandwidth * hw.comm_efficiency),
+                        ("inter-node bandwidth", hw.inter_node_bandwidth * hw.comm_efficiency),
+                        ("matmul efficiency", hw.matmul_efficiency), ("attention efficiency", hw.attention_efficiency)):
+        if not value > 0:
+            return f"{name} is {value}"
+    return None
+
+
+def _table(values, fn) -> dict:
+    return {v: fn(v) for v in values}
+
+
+def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
+    """table[key] for each key of ``keys`` (a few distinct keys: one mask per key)."""
+    out = np.empty(len(keys), dtype=float)
+    for key, value in table.items():
+        out[keys == key] = value
+    return out
+
+
+_NEUTRAL = dict(zero_stage=0, offload_optimizer=False, offload_param=False, checkpointing="none", mlp_chunks=1,
+                loss_chunks=1, offload_chunks=False, offload_activations=False, overlap="none")
+
+
+def _proxy(base: Candidate, **knobs):
+    """The group's candidate with some row knobs set (the others neutral), to call a scalar term with: a plain
+    namespace of the Candidate's fields (the scalar terms only read them; building a validated Candidate for each
+    of the few dozen calls per group would cost more than the group's arithmetic)."""
+    return SimpleNamespace(**{**base.__dict__, **_NEUTRAL, **knobs})
+
+
+def _xfer(nbytes, bandwidth: float):
+    """comm._xfer over an array of byte counts (bandwidth > 0: :func:`supported`)."""
+    return np.where(nbytes > 0, nbytes / bandwidth, 0.0)
+
+
+def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict,
+                   profile=None) -> Bulk:
+    """Memory, step time and tokens/s of the candidates ``base`` with each row of ``rows`` (arrays of
+    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks.
+    The rows must be canonical candidates (as :meth:`SearchSpace.candidates` yields them)."""
+    why = supported(hw)
+    if why:
+        raise ValueError(f"bulk pricing needs positive rates: {why}")
+    if base.world_size > hw.world_size:
+        raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
+    sh = Shapes(model, workload, base, profile)
+    zero = np.asarray(rows["zero_stage"])
+    opt = np.asarray(rows["offload_optimizer"], dtype=bool)
+    param = np.asarray(rows["offload_param"], dtype=bool) & (zero == 3)
+    ckpt = np.asarray(rows["checkpointing"])
+    mlp = np.asarray(rows["mlp_chunks"])
+    loss = np.asarray(rows["loss_chunks"])
+    off_chunks = np.asarray(rows["offload_chunks"], dtype=bool)
+    off_act = np.asarray(rows["offload_activations"], dtype=bool)
+    overlap = np.asarray(rows["overlap"])
+    n = len(zero)
+    full = ckpt == FULL
+    loss_tiled = loss > 1
+    mlp_tiled = mlp > 1
+    policies = [int(i) for i in np.unique(ckpt)]
+    mlp_values = [int(v) for v in np.unique(mlp)]
+    loss_values = [int(v) for v in np.unique(loss)]
+    zeros = [int(v) for v in np.unique(zero)]
+
+    # ------------------------------------------------------------------ memory (memory.memory_breakdown)
+    dtype, e, s, L, N = workload.dtype, sh.e, sh.s, sh.L, sh.N
+    nd = base.sp * base.dp
+    psi = sh.n_params
+    w_b, g_b, o_b = memory.state_bytes_per_param(dtype)
+    params = np.where(zero >= 3, psi * w_b / nd, psi * w_b)
+    grads = np.where(zero >= 2, psi * g_b / nd, psi * g_b)
+    optim = np.where(zero >= 1, psi * o_b / nd, psi * o_b)
+    optim = np.where(opt, 0.0, optim)
+    grads = np.where(opt & (zero >= 2), 0.0, grads)
+    gathered_elems = np.where(loss_tiled, memory.zero3_gathered_params(sh, True), memory.zero3_gathered_params(sh, False))
+    gathers = (zero >= 3) & ((nd > 1) | param)
+    gathered = np.where(gathers, w_b * gathered_elems, 0.0)
+    params = np.where(gathers, np.where(param, gathered, params + gathered), params)
+
+    chunked = N > 1
+    recomputed = full & chunked
+    saved_chunk = s * chunks.saved_bytes_per_token(sh)
+    final = sh.prof.final
+    final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
+
+    def layer_bytes(key):
+        policy, tiled = CHECKPOINTING_POLICIES[key[0]], key[1]
+        attn, mlp_e = memory.layer_saved_elems(sh, policy, tiled)
+        return s * ((attn + mlp_e) * e + memory.layer_extra_bytes(sh, policy, tiled))
+
+    per_key = ckpt * 2 + mlp_tiled
+    per_layer_table = {p * 2 + t: layer_bytes((p, bool(t))) for p in policies for t in (0, 1)}
+    per_layer = _pick(per_key, per_layer_table)
+    if chunked:
+        per_layer = np.where(recomputed, per_layer, saved_chunk)
+    chunk_kv_acc = s * chunks.kv_elems(sh) * chunks.ACCUMULATOR_BYTES
+    offloaded_chunks = off_chunks & ~recomputed
+    kept = np.where(offloaded_chunks, min(chunks.CHUNK_SAVED_BUFFERS, N) * per_layer / N,
+                    np.where(off_act, min(2, L) * per_layer, L * per_layer)) + final_norm
+    host = np.where(offloaded_chunks, L * per_layer + chunk_kv_acc, np.where(off_act, L * per_layer, 0.0))
+    if chunked:
+        transient = _pick(mlp * 2 + off_chunks, {m * 2 + o: chunks.transient_bytes(sh, m, bool(o))
+                                                 for m in mlp_values for o in (0, 1)})
+        layer_set = saved_chunk
+        extra = np.where(off_chunks, min(chunks.CHUNK_SAVED_BUFFERS, N) * layer_set / N, layer_set)
+        transient = np.where(recomputed, transient + extra, transient)
+        host = np.where(recomputed & off_chunks, host + (L * layer_set + chunk_kv_acc) - (L - 1) * layer_set, host)
+    else:
+        def phases(key):
+            policy, m = CHECKPOINTING_POLICIES[key // 1024], key % 1024
+            mlp_phase, mlp_fixed, attn_phase, attn_fixed = memory.layer_transient_phases(sh, policy, m)
+            return max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
+
+        tkey = ckpt * 1024 + mlp
+        transient = _pick(tkey, {p * 1024 + m: phases(p * 1024 + m) for p in policies for m in mlp_values})
+    activations = kept + transient
+    host_total = host + np.where(opt, 16.0 * psi / nd, 0.0) + np.where(param, e * psi / nd, 0.0)
+    over_host = (host_total > 0) & (host_total > memory.host_bytes_available(hw))
+    activations = np.where(over_host, np.inf, activations)
+
+    a2a = memory.a2a_buffer_bytes(sh)
+    buffers = a2a + _pick(zero, {z: memory.comm_buffer_bytes(sh, _proxy(base, zero_stage=z)) - a2a for z in zeros})
+    loss_tables = {c: memory.loss_phase_bytes(sh, _proxy(base, loss_chunks=c)) for c in loss_values}
+    loss_peak = _pick(loss, {c: v[0] for c, v in loss_tables.items()})
+    logits = _pick(loss, {c: v[1] for c, v in loss_tables.items()})
+    loss_phase = kept + loss_peak + a2a
+    backward_phase = grads + buffers + activations + logits
+    in_loss = np.isfinite(activations) & (loss_phase > backward_phase)
+    grads = np.where(in_loss, 0.0, grads)
+    activations = np.where(in_loss, kept, activations)
+    logits = np.where(in_loss, loss_peak, logits)
+    buffers = np.where(in_loss, a2a, buffers)
+    dynamic = activations + logits + buffers + gathered
+    reserve = memory.CUDA_CONTEXT_BYTES + (memory.NCCL_BYTES if nd > 1 else 0.0) + memory.FRAGMENTATION * dynamic
+    total = params + grads + optim + activations + logits + buffers + reserve
+
+    # ------------------------------------------------------------------ time (step_time.step_time_parts)
+    acc = hw.accelerator
+    mm_rate = acc.peak_flops * hw.matmul_efficiency
+    att_rate = acc.peak_flops * hw.attention_efficiency
+    mem_bw = acc.memory_bandwidth
+    prof = sh.prof
+    t_mm_fwd = flops.matmul_flops_forward(sh) / mm_rate
+    ring_factor = chunks.compute_factor(sh)
+    t_att_fwd = flops.attention_flops_forward(sh) / att_rate * ring_factor
+    pw_bwd = prof.pw_bwd_factor
+
+    def recompute_key(c, m, l):
+        return (c * 2 + m) * 2 + l
+
+    re_key = recompute_key(ckpt, mlp_tiled, loss_tiled)
+    re_table, pw_base = {}, None
+    for p in policies:
+        for m in (0, 1):
+            for l in (0, 1):
+                proxy = _proxy(base, checkpointing=CHECKPOINTING_POLICIES[p], mlp_chunks=2 if m else 1,
+                               loss_chunks=2 if l else 1)
+                mm_re, att_re = flops.recompute_flops(sh, proxy)
+                pw_base, pw_re = flops.pointwise_bytes(sh, proxy)
+                re_table[recompute_key(p, m, l)] = mm_re / mm_rate + att_re / att_rate * ring_factor + pw_re / mem_bw
+    t_pw = pw_base / mem_bw
+    t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
+    t_bwd = prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd + pw_bwd * t_pw / (1.0 + pw_bwd)
+    t_recompute = _pick(re_key, re_table)
+    t_recompute = t_recompute + np.where(mlp_tiled, TILE_OVERHEAD_S * mlp * L * np.where(full, 3, 2), 0.0)
+    t_recompute = t_recompute + np.where(loss_tiled, TILE_OVERHEAD_S * loss * 2, 0.0)
+    forwards_table = {p: flops.layer_forwards_recomputed(sh, _proxy(base, checkpointing=CHECKPOINTING_POLICIES[p]))
+                      for p in policies}
+    forwards = _pick(ckpt, {p: v[0] for p, v in forwards_table.items()})
+    with_attention = _pick(ckpt, {p: float(v[1]) for p, v in forwards_table.items()}) > 0
+    if chunked:
+        t_recompute = t_recompute + TILE_OVERHEAD_S * N * L * (2 + forwards)
+    t_micro = t_fwd + t_bwd + t_recompute
+    local_params = np.where((zero >= 1) | opt, psi / nd, psi)
+    opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
+    link = hw.host_bandwidth * hw.comm_efficiency
+    shard_copy = comm._xfer(psi / nd * e, link)
+    t_optimizer = np.where(opt, opt_bytes / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node), opt_bytes / mem_bw)
+    optimizer_offload = np.where(opt, np.where(param, 0.0, shard_copy)
+                                 + max(0.0, shard_copy - ZERO_OVERLAP_FRACTION * t_bwd), 0.0)
+
+    # parameter offload (param_offload.fetch_times), the recompute pass only under full
+    per_pass = (sh.e * sh.n_params / nd) / link
+    first = (sh.e * max(sh.layer_params, sh.lm_head_params) / nd) / link
+
+    def fetch_exposed(compute):
+        return first + np.maximum(0.0, per_pass - first - ZERO_OVERLAP_FRACTION * compute)
+
+    param_exposed = np.where(param, fetch_exposed(t_fwd) + fetch_exposed(t_bwd)
+                             + np.where(full, fetch_exposed(t_recompute), 0.0), 0.0)
+
+    # Ulysses all-to-alls
+    t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
+    per_a2a = t_q + t_k + t_v + t_o
+    passes = (2 + forwards) if chunked else np.where(full, 3, 2)
+    ring_passes = np.where(with_attention, 3, 2)
+    attention_comm_micro = L * passes * per_a2a
+    if per_a2a > 0:
+        t_proj_q = 2.0 * sh.s * sh.qproj_params / mm_rate
+        head_chunks = _head_chunks(sh)
+        att_layer_fwd = t_att_fwd / L
+        ex_fwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd,
+                                             head_chunks) for o in range(len(OVERLAP_SCHEDULES))}
+        ex_bwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
+                                             prof.attn_bwd_factor * att_layer_fwd, head_chunks)
+                  for o in range(len(OVERLAP_SCHEDULES))}
+        exposed_attention_micro = L * (_pick(overlap, ex_fwd) * (passes - 1) + _pick(overlap, ex_bwd))
+    else:
+        exposed_attention_micro = np.zeros(n)
+
+    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, base, sh, t_att_fwd / L,
+                                                                               prof.attn_bwd_factor)
+    ring_micro = L * (ring_fwd * (ring_passes - 1) + ring_bwd)
+    exposed_attention_micro = exposed_attention_micro + L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
+
+    # activation and sequence-chunk offload
+    t_fwd_layer = t_fwd / L
+    t_bwd_layer = (t_bwd + t_recompute) / L
+    offload_micro = np.zeros(n)
+    if chunked:
+        dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
+        layer_set_off = np.where(recomputed, saved_chunk, per_layer)
+        fwd_h2d, _, bwd_h2d_fixed, bwd_d2h = chunks.offload_pass_bytes(sh, 0.0)
+        kv_e = sh.s * chunks.kv_elems(sh) * e
+        pairs_part = bwd_h2d_fixed  # with per_layer 0 the backward's H2D is its K/V and accumulator pairs alone
+        fwd_d2h = layer_set_off
+        bwd_h2d = np.maximum(0.0, layer_set_off - kv_e) + pairs_part
+        bwd_h2d = np.where(recomputed, bwd_h2d + fwd_h2d, bwd_h2d)
+        bwd_d2h = np.where(recomputed, bwd_d2h + fwd_d2h, bwd_d2h)
+
+        def seconds(h2d, d2h):
+            t = np.maximum(np.maximum(h2d / link, d2h / link), (h2d + d2h) / dram)
+            return np.where((h2d <= 0) & (d2h <= 0), 0.0, t)
+
+        t_f = seconds(np.full(n, fwd_h2d), fwd_d2h)
+        t_b = seconds(bwd_h2d, bwd_d2h)
+        first_chunk = seconds(layer_set_off / N, np.zeros(n))
+        exposed_chunk = np.maximum(0.0, t_f - t_fwd_layer) + np.maximum(0.0, t_b - t_bwd_layer) + first_chunk
+        offload_micro = np.where(off_chunks, L * exposed_chunk, 0.0)
+    act_offload = off_act & (recomputed if chunked else True) & (per_layer > 0)
+    t_copy = _xfer(per_layer, link)
+    offload_micro = offload_micro + np.where(act_offload, L * (np.maximum(0.0, t_copy - t_fwd_layer)
+                                                               + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
+
+    # ZeRO
+    zero_tables = {z: comm.zero_times(hw, _proxy(base, zero_stage=z), psi, e) for z in zeros}
+    z_step, z_fwd, z_bwd, z_exposed = (_pick(zero, {z: v[i] for z, v in zero_tables.items()}) for i in range(4))
+    ga = base.grad_accum
+    zero_exposed = z_exposed + np.where((z_fwd != 0) | (z_bwd != 0),
+                                        ga * (np.maximum(0.0, z_fwd - ZERO_OVERLAP_FRACTION * t_fwd)
+                                              + np.maximum(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute))),
+                                        0.0)
+    zero_exposed = zero_exposed + np.where(zero == 3, ga * z_fwd / L, 0.0)
+
+    compute = ga * t_micro + t_optimizer
+    exposed = ga * exposed_attention_micro + zero_exposed
+    offload = ga * (offload_micro + param_exposed) + optimizer_offload
+    step = compute + exposed + offload
+    tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
+    ok = (step > 0) & np.isfinite(step)
+    tps = np.where(ok, tokens / np.where(ok, step, 1.0), 0.0)
+    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
+
+
+def shape_of(cand: Candidate) -> tuple:
+    """The group key of a candidate: what :class:`Shapes` reads from it."""
+    return (cand.sp, cand.ring, cand.dp, cand.micro_batch, cand.grad_accum, cand.sequence_chunks)
+
+
+def row_of(cand: Candidate) -> tuple:
+    return (cand.zero_stage, cand.offload_optimizer, cand.offload_param, CHECKPOINTING_POLICIES.index(cand.checkpointing),
+            cand.mlp_chunks, cand.loss_chunks, cand.offload_chunks, cand.offload_activations,
+            OVERLAP_SCHEDULES.index(cand.overlap))
+
+
+def estimate_many(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands, profile=None) -> Bulk:
+    """:func:`estimate_group` over any list of canonical candidates (grouped by shape), in their order."""
+    cands = list(cands)
+    groups: dict[tuple, list[int]] = {}
+    for i, cand in enumerate(cands):
+        groups.setdefault(shape_of(cand), []).append(i)
+    step, total, tps = np.empty(len(cands)), np.empty(len(cands)), np.empty(len(cands))
+    for indices in groups.values():
+        rows = np.array([row_of(cands[i]) for i in indices])
+        out = estimate_group(model, hw, workload, cands[indices[0]],
+                             {k: rows[:, j] for j, k in enumerate(ROW_KNOBS)}, profile)
+        step[indices], total[indices], tps[indices] = out.step, out.memory, out.tokens_per_second
+    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
+
+
+__all__ = ["Bulk", "ROW_KNOBS", "estimate_group", "estimate_many", "row_of", "shape_of", "supported"]
