@@ -89,7 +89,8 @@ def ulysses_bytes_per_layer(sh: Shapes) -> float:
     return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.U - 1) / sh.U
 
 
-def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tuple[float, float, float, float]:
+def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int, group: int | None = None,
+               spans: bool | None = None) -> tuple[float, float, float, float]:
     """ZeRO collectives over the dp x sp group, in seconds.
 
     Returns (per_step, per_micro_fwd, per_micro_bwd, exposed_per_step): comm once per optimizer step,
@@ -101,12 +102,15 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     (overlapped), all-gather of the parameters after the step (exposed); stage 3: all-gather of the
     parameters in every forward and again in every backward, reduce-scatter of the gradients in
     every backward (all prefetched/overlapped; the first layer's gather is exposed).
+
+    ``group`` and ``spans``: another group than all dp x sp ranks, and whether it crosses nodes (the routed
+    experts' expert-data-parallel group: cost_models/moe.py).
     """
-    g = cand.sp * cand.dp
+    g = cand.sp * cand.dp if group is None else group
     if g <= 1:
         return 0.0, 0.0, 0.0, 0.0
     # ring_time inlined: one link for every ZeRO collective of this group
-    spans = g > hw.devices_per_node
+    spans = g > hw.devices_per_node if spans is None else spans
     bandwidth = (hw.inter_node_bandwidth if spans else hw.intra_node_bandwidth) * hw.comm_efficiency
     alpha = (hw.inter_node_latency if spans else hw.intra_node_latency) * (g - 1)
     one_pass = _xfer((g - 1) / g * n_params * e, bandwidth)  # reduce-scatter or all-gather bytes
