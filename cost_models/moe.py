@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["CAPACITY_FACTOR", "EXPERT_KEPT_PER_WIDTH", "INDEX_BYTES", "MoeShape", "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
-           "check_spec", "dispatch_bytes", "expert_comm_time", "expert_params", "expert_state_bytes",
+           "check_spec", "dispatch_buffer_bytes", "dispatch_bytes", "expert_params", "expert_state_bytes",
            "gathered_layer_params", "imbalance_flops_forward", "kept_bytes_per_token", "layout", "mean_active_ffn",
            "mean_router_params", "moe_layer_kept", "moe_mlp_params", "optimizer_params", "transient_bytes_per_token"]
 
@@ -250,19 +250,12 @@ def all_to_alls_per_layer(recomputed_forwards: int) -> int:
     return 4 + 2 * recomputed_forwards
 
 
-def expert_comm_time(hw, ms: MoeShape | None, s: float, e: int, recomputed_forwards: int, mlp_chunks: int) -> float:
-    """Seconds of one micro-batch's dispatch and combine all-to-alls on one GPU: :func:`all_to_alls_per_layer` per
-    MoE layer, each over the ep ranks of the EP group (intra-node peers over NVLink, others over the scale-out
-    network: comm.all_to_all_time); a tiled MLP runs each per tile (same bytes, one latency per tile)."""
+def dispatch_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
+    """The buffer one dispatch or combine all-to-all exchanges per rank: its s x k token copies of h elements at the
+    busiest rank's margin (comm.expert_all_to_all_time prices it on the EP group's links); 0 without EP."""
     if ms is None or ms.ep <= 1:
         return 0.0
-    from autosp.cost_models.comm import all_to_all_time
-
-    buffer = s * ms.k * ms.h * e * ms.cf
-    one = all_to_all_time(hw, ms.ep, buffer)
-    latency = hw.inter_node_latency if ms.ep > hw.devices_per_node else hw.intra_node_latency
-    one += (max(1, mlp_chunks) - 1) * latency
-    return ms.moe_layers * all_to_alls_per_layer(recomputed_forwards) * one
+    return s * ms.k * ms.h * e * ms.cf
 
 
 def imbalance_flops_forward(ms: MoeShape | None, s: float) -> float:

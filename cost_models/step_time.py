@@ -173,7 +173,7 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         offload_micro += L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
 
     # --- mixture of experts: dispatch and combine all-to-alls, on the critical path (cost_models/moe.py) ---
-    expert_micro = moe.expert_comm_time(hw, sh.moe, sh.s, sh.e, forwards, cand.mlp_chunks)
+    expert_micro = comm.expert_all_to_all_time(hw, sh.moe, sh.s, sh.e, forwards, cand.mlp_chunks)
 
     # --- ZeRO ---
     z_step, z_fwd, z_bwd, z_exposed = _zero_times(hw, cand, sh, n_params)

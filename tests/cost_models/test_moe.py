@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from autosp.cost_models import architectures, moe
+from autosp.cost_models import architectures, comm, moe
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import preset_info, resolve_model
 from autosp.cost_models.estimate import estimate
@@ -81,10 +81,10 @@ def test_all_to_all_volume_formula():
     assert sent == s * 8 * 2048 * 2 * moe.CAPACITY_FACTOR * 3 / 4
     assert moe.dispatch_bytes(Shapes(spec, Workload(S), Candidate(sp=8)).moe, s, 2) == 0  # no EP, no traffic
     # 4 all-to-alls per MoE layer per step (dispatch + combine, forward and backward), 6 when the MLP is recomputed
-    t = moe.expert_comm_time(hw, sh.moe, sh.s, 2, 0, 1)
+    t = comm.expert_all_to_all_time(hw, sh.moe, sh.s, 2, 0, 1)
     one = hw.intra_node_latency + sent / (hw.intra_node_bandwidth * hw.comm_efficiency)
     assert t == pytest.approx(48 * 4 * one)
-    assert moe.expert_comm_time(hw, sh.moe, sh.s, 2, 1, 1) == pytest.approx(48 * 6 * one)
+    assert comm.expert_all_to_all_time(hw, sh.moe, sh.s, 2, 1, 1) == pytest.approx(48 * 6 * one)
     none = estimate(spec, hw, Workload(S), Candidate(sp=8, checkpointing="none", ep=ep))
     full = estimate(spec, hw, Workload(S), Candidate(sp=8, checkpointing="full", ep=ep))
     assert none.time.expert_comm == pytest.approx(t) and full.time.expert_comm == pytest.approx(1.5 * t)
@@ -93,7 +93,7 @@ def test_all_to_all_volume_formula():
     sh16 = Shapes(spec, Workload(S), Candidate(sp=16, ep=16))
     buffer = sh16.s * 8 * 2048 * 2 * moe.CAPACITY_FACTOR
     inter = buffer * 8 / 16 / (two.inter_node_bandwidth * two.comm_efficiency)
-    assert moe.expert_comm_time(two, sh16.moe, sh16.s, 2, 0, 1) == pytest.approx(48 * 4 * (two.inter_node_latency
+    assert comm.expert_all_to_all_time(two, sh16.moe, sh16.s, 2, 0, 1) == pytest.approx(48 * 4 * (two.inter_node_latency
                                                                                            + inter))
 
 

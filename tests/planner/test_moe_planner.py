@@ -49,9 +49,6 @@ def test_tied_model_tiles_its_loss_at_zero3_at_1m():
     assert plan.candidate.loss_chunks > 1
 
 
-
-
-
 def test_refusals_are_one_line_exit_2_before_anything_is_built(tmp_path):
     cases = {"next.json": ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
                             "layer_types": ["linear_attention", "linear_attention", "linear_attention",
