@@ -33,6 +33,7 @@ import itertools
 
 from autosp.planner.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
 from autosp.planner.search import DIAL_KNOBS, complete
+from autosp.planner.space import chunk_overlap
 
 CLIMB_STEPS = 8
 """Moves of the light climb after the branch and bound (it rarely takes more than two)."""
@@ -90,9 +91,11 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     for (seq, seq_off), (act, opt), param, ep in itertools.product(chunking, OFFLOADS, params, eps):
         if act not in per["offload_activations"] or opt not in per["offload_optimizer"]:
             continue
-        cand = space.make(**base, mlp_chunks=mlp[-1], loss_chunks=loss_chunks, offload_activations=act,
-                          offload_optimizer=opt, sequence_chunks=seq, offload_chunks=seq_off, offload_param=param,
-                          ep=ep)
+        # sequence chunks take kv_async where the structure has head_pipeline (else every chunked point is invalid
+        # and a family that fits only chunked is screened out)
+        cand = space.make(**dict(base, overlap=chunk_overlap(base["overlap"], seq)), mlp_chunks=mlp[-1],
+                          loss_chunks=loss_chunks, offload_activations=act, offload_optimizer=opt, sequence_chunks=seq,
+                          offload_chunks=seq_off, offload_param=param, ep=ep)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand
