@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CAPACITY_FACTOR", "EXPERT_KEPT_PER_WIDTH", "INDEX_BYTES", "MoeShape", "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
+__all__ = ["CAPACITY_FACTOR", "EXPERT_KEPT_PER_WIDTH", "INDEX_BYTES", "MoeShape", "PERMUTATION_COPIES", "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
            "check_spec", "dispatch_buffer_bytes", "dispatch_bytes", "expert_params", "expert_state_bytes",
            "gathered_layer_params", "imbalance_flops_forward", "kept_bytes_per_token", "layout", "mean_active_ffn",
            "mean_router_params", "moe_layer_kept", "moe_mlp_params", "optimizer_params", "transient_bytes_per_token"]
@@ -43,6 +43,11 @@ ROUTER_FIXED_BYTES_PER_EXPERT = 4
 
 INDEX_BYTES = 8
 """The top-k expert indices (int64) kept per token copy."""
+
+PERMUTATION_COPIES = 3
+"""h-wide tensors a routed token copy keeps for the backward: its gathered input (the expert's first matmul), the
+expert's output (multiplied by the routing weight) and the weighted output (which the combine's ``index_add_``
+keeps), measured on Hugging Face's Qwen3-MoE and Mixtral blocks by studies/moe_costs.py."""
 
 
 def _m(model) -> int:
@@ -199,12 +204,12 @@ def moe_layer_kept(ms: MoeShape, e: int, policy: str) -> float:
     """Bytes per local token one MoE layer keeps beyond a dense MLP of the active width (mean_active_ffn), under
     ``policy``: the router's logits (E, training dtype, kept for the auxiliary loss and the softmax backward), its
     fp32 probabilities (4E B) and top-k indices (8k B), and the permutation buffers: each token copy's gathered
-    input and its expert output before the routing weight (2 x k x h). With ep > 1 the busiest rank holds CF times
+    input, its expert output and the weighted output (:data:`PERMUTATION_COPIES` x k x h). With ep > 1 the busiest rank holds CF times
     the expert-side tensors: the permutation buffers and the experts' intermediates (the profile charges the mean,
     this the margin's extra share). sequence/full recompute the MLP: 0."""
     if policy in ("sequence", "full"):
         return 0.0
-    permutation = 2 * ms.k * ms.h
+    permutation = PERMUTATION_COPIES * ms.k * ms.h
     intermediates = EXPERT_KEPT_PER_WIDTH[policy] * ms.k * ms.fe
     router = ms.E * e + ROUTER_FIXED_BYTES_PER_EXPERT * ms.E + INDEX_BYTES * ms.k
     return router + ms.cf * permutation * e + (ms.cf - 1.0) * intermediates * e

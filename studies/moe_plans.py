@@ -6,6 +6,7 @@
 For each of Qwen3-30B-A3B, Mixtral-8x7B, Gemma-3-12B and Qwen3-4B (presets: cost_models/catalog/models.toml
 cites their configs) it runs ``autosp-plan --hw h100x8`` at 128k and 1M tokens (objective throughput) and with
 ``--objective max-ctx``, plus the tied-embedding case of issue 22 (Qwen3-0.6B at 1M with ``--fix zero_stage=3``),
+Mixtral on 4 nodes, Qwen3-30B-A3B pinned to ZeRO-2, and Qwen3-30B-A3B's best plan at each pinned ep,
 and prints one row per plan: the knobs (ep among them), the predicted peak memory with the routed experts'
 states apart, the expert all-to-all time, tokens/s and MFU. Writes studies/results/moe_plans.{txt,json}.
 """
@@ -21,9 +22,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 2 ** 30
 
-REQUESTS = [(model, ctx, objective, ()) for model in ("qwen3-30b-a3b", "mixtral-8x7b", "gemma-3-12b", "qwen3-4b")
+REQUESTS = [(model, ctx, objective, (), None) for model in ("qwen3-30b-a3b", "mixtral-8x7b", "gemma-3-12b", "qwen3-4b")
             for ctx, objective in (("128k", "throughput"), ("1M", "throughput"), ("128k", "max-ctx"))] + [
-    ("qwen3-0.6b", "1M", "throughput", (("zero_stage", 3),))]
+    ("qwen3-0.6b", "1M", "throughput", (("zero_stage", 3),), None),      # tied embeddings, loss tiled at ZeRO-3
+    ("mixtral-8x7b", "32k", "throughput", (), 4),                        # 4 nodes: ZeRO-3 gathers cross the network
+    ("qwen3-30b-a3b", "128k", "throughput", (("zero_stage", 2),), None),  # below ZeRO-3 experts must be sharded
+] + [("qwen3-30b-a3b", "128k", "throughput", (("ep", ep),), None) for ep in (1, 2, 4, 8)]  # what each ep costs
 
 
 def run(search: str) -> list[dict]:
@@ -32,16 +36,18 @@ def run(search: str) -> list[dict]:
     from autosp.planner.api import make_plan
 
     rows = []
-    for model, ctx, objective, fix in REQUESTS:
+    for model, ctx, objective, fix, nodes in REQUESTS:
         start = time.time()
         try:
-            plan = make_plan(model, ctx, "h100x8", objective=objective, search=search, fix=fix)
+            plan = make_plan(model, ctx, "h100x8", nodes=nodes, objective=objective, search=search, fix=fix)
         except AutospError as err:  # e.g. nothing fits: the row says why
-            rows.append({"model": model, "ctx": ctx, "objective": objective, "fix": dict(fix), "error": str(err)})
+            rows.append({"model": model, "ctx": ctx, "objective": objective, "fix": dict(fix), "nodes": nodes or 1,
+                         "error": str(err)})
             continue
         e, m = plan.estimate, plan.model
         rows.append({
-            "model": model, "ctx": ctx, "objective": objective, "fix": dict(fix), "seq_len": plan.workload.seq_len,
+            "model": model, "ctx": ctx, "objective": objective, "fix": dict(fix), "nodes": nodes or 1,
+            "seq_len": plan.workload.seq_len,
             "params_total": m.n_params(), "params_active": moe.active_params(m) if m.n_experts else m.n_params(),
             "plan": plan.candidate.short(), "ep": plan.candidate.ep,
             "memory_gib": e.memory.total / GIB, "expert_states_gib": e.memory.expert_states / GIB,
@@ -52,19 +58,22 @@ def run(search: str) -> list[dict]:
 
 
 def table(rows: list[dict], search: str) -> str:
-    lines = [f"autosp-plan on h100x8 (8 x H100 80GB), search {search}; predicted per GPU", "",
-             f"{'model':<15}{'request':<22}{'params (active)':<18}{'plan':<64}{'mem GiB':>8}{'experts':>9}"
+    lines = [f"autosp-plan --hw h100x8 (8 x H100 80GB per node), search {search}; predicted per GPU ('experts': the "
+             "routed experts' weights, gradients and optimizer states; 'a2a s': their dispatch/combine all-to-alls "
+             "per step)", "",
+             f"{'model':<15}{'request':<30}{'params (active)':<18}{'plan':<82}{'mem GiB':>8}{'experts':>9}"
              f"{'a2a s':>8}{'step s':>9}{'tok/s':>9}{'MFU':>7}"]
     for r in rows:
         request = f"{r['ctx']} {r['objective']}" + (" " + " ".join(f"{k}={v}" for k, v in r["fix"].items())
-                                                    if r["fix"] else "")
+                                                    if r["fix"] else "") + (f" x{r['nodes']} nodes"
+                                                                            if r["nodes"] > 1 else "")
         if "error" in r:
-            lines.append(f"{r['model']:<15}{request:<22}{r['error']}")
+            lines.append(f"{r['model']:<15}{request:<30}{r['error']}")
             continue
         if r["objective"] == "max-ctx":
             request = f"max-ctx: {r['seq_len']:,}"
         params = f"{r['params_total'] / 1e9:.2f}B ({r['params_active'] / 1e9:.2f}B)"
-        lines.append(f"{r['model']:<15}{request:<22}{params:<18}{r['plan']:<64}{r['memory_gib']:>8.1f}"
+        lines.append(f"{r['model']:<15}{request:<30}{params:<18}{r['plan']:<82}{r['memory_gib']:>8.1f}"
                      f"{r['expert_states_gib']:>9.1f}{r['expert_comm_s']:>8.3f}{r['step_s']:>9.2f}"
                      f"{r['tokens_per_s']:>9,.0f}{100 * r['mfu']:>6.1f}%")
     return "\n".join(lines) + "\n"

@@ -29,17 +29,27 @@ def test_ep_is_searched_for_moe_models_only():
     assert {c.ep for c in cands} == {1, 2, 4, 8}
 
 
-@pytest.mark.parametrize("model, ctx, nodes, fix", [
-    ("mixtral-8x7b", "32k", 4, ()),                    # across nodes ZeRO-3 gathers all experts over the network
-    ("qwen3-30b-a3b", "128k", None, (("zero_stage", 2),)),   # below ZeRO-3 the experts must be sharded to fit
-])
-def test_moe_plans_use_expert_parallelism(model, ctx, nodes, fix):
-    plan = make_plan(model, ctx, "h100x8", nodes=nodes, search="fast", fix=fix)
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_moe_plans_use_expert_parallelism_below_zero3(model):
+    # below ZeRO-3 the experts' states are replicated unless ep shards them: 46.7B / 30.5B do not fit otherwise
+    plan = make_plan(model, "128k", "h100x8", search="fast", fix=(("zero_stage", 2),))
     assert plan.candidate.ep > 1 and plan.estimate.fits
     assert plan.estimate.memory.expert_states > 0 and plan.estimate.time.expert_comm > 0
     ds = deepspeed_config(plan)
     assert ds["autosp"]["ep"] == plan.candidate.ep
     assert f"ep{plan.candidate.ep}" in plan.candidate.short()
+
+
+def test_pinned_ep_prices_each_degree():
+    plans = {ep: make_plan("qwen3-30b-a3b", "128k", "h100x8", search="fast", fix=(("ep", ep),)) for ep in (1, 8)}
+    assert plans[1].candidate.ep == 1 and plans[8].candidate.ep == 8
+    assert plans[1].estimate.time.expert_comm == 0 < plans[8].estimate.time.expert_comm
+    from autosp.errors import UsageError
+
+    with pytest.raises(UsageError, match="needs a mixture-of-experts model"):
+        make_plan("llama", "32k", "h100x8", search="fast", fix=(("ep", 2),))
+    with pytest.raises(UsageError, match="does not divide the 8 experts"):
+        make_plan("mixtral-8x7b", "32k", "h100x8", nodes=2, search="fast", fix=(("ep", 16),))
 
 
 def test_tied_model_tiles_its_loss_at_zero3_at_1m():
