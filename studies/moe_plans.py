@@ -6,7 +6,7 @@
 For each of Qwen3-30B-A3B, Mixtral-8x7B, Gemma-3-12B and Qwen3-4B (presets: cost_models/catalog/models.toml
 cites their configs) it runs ``autosp-plan --hw h100x8`` at 128k and 1M tokens (objective throughput) and with
 ``--objective max-ctx``, plus the tied-embedding case of issue 22 (Qwen3-0.6B at 1M with ``--fix zero_stage=3``),
-Mixtral on 4 nodes, Qwen3-30B-A3B pinned to ZeRO-2, and Qwen3-30B-A3B's best plan at each pinned ep,
+Mixtral on 4 nodes, both MoE models pinned to ZeRO-2, and Qwen3-30B-A3B's best plan at each pinned ep,
 and prints one row per plan: the knobs (ep among them), the predicted peak memory with the routed experts'
 states apart, the expert all-to-all time, tokens/s and MFU. Writes studies/results/moe_plans.{txt,json}.
 """
@@ -27,6 +27,7 @@ REQUESTS = [(model, ctx, objective, (), None) for model in ("qwen3-30b-a3b", "mi
     ("qwen3-0.6b", "1M", "throughput", (("zero_stage", 3),), None),      # tied embeddings, loss tiled at ZeRO-3
     ("mixtral-8x7b", "32k", "throughput", (), 4),                        # 4 nodes: ZeRO-3 gathers cross the network
     ("qwen3-30b-a3b", "128k", "throughput", (("zero_stage", 2),), None),  # below ZeRO-3 experts must be sharded
+    ("mixtral-8x7b", "128k", "throughput", (("zero_stage", 2),), None),
 ] + [("qwen3-30b-a3b", "128k", "throughput", (("ep", ep),), None) for ep in (1, 2, 4, 8)]  # what each ep costs
 
 

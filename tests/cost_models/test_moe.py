@@ -197,3 +197,19 @@ def test_gemma_soft_capping_is_priced():
     assert gemma.windowed_layers == 21 and gemma.sliding_window == 4096
     g3 = resolve_model("gemma-3-12b")
     assert g3.windowed_layers == 40 and g3.sliding_window == 1024 and g3.tied_embeddings
+
+
+def test_gemma3_config_windows_and_the_multimodal_wrapper(tmp_path):
+    # google/gemma-3-12b-pt's text_config (saved as its own config.json): 5 of every 6 layers local, 1,024 tokens
+    text = {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 48, "vocab_size": 262208,
+            "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0}
+    spec = resolve_model(_write(tmp_path, text))
+    preset = resolve_model("gemma-3-12b")
+    assert (spec.sliding_window, spec.sliding_layers) == (preset.sliding_window, preset.sliding_layers)
+    assert spec.n_params() == preset.n_params() and spec.tied_embeddings
+    # the multimodal wrapper itself is a vision-language model: refused by name, with the way to plan its text part
+    with pytest.raises(UsageError, match="vision-language model: autosp trains its text decoder only"):
+        resolve_model(_write(tmp_path, {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                                        "text_config": text, "vision_config": {"hidden_size": 1152}}))
