@@ -381,6 +381,8 @@ class SearchSpace:
         return {name: getattr(self, name) for name in self.KNOBS}
 
     def make(self, **knobs) -> Candidate:
+        """A canonical candidate; a caller that does not name ``ep`` gets the space's first (1 unless pinned)."""
+        knobs.setdefault("ep", self.ep[0])
         return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
 
     def rings_for(self, sp: int) -> tuple[int, ...]:

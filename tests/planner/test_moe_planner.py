@@ -78,3 +78,8 @@ def test_refusals_are_one_line_exit_2_before_anything_is_built(tmp_path):
     assert "Traceback" not in out.stderr and len(errors) == 3
     for line, (name, (_, named)) in zip(errors, cases.items()):
         assert named in line and name in line
+
+
+def test_the_default_search_keeps_a_pinned_ep():
+    plan = make_plan("mixtral-8x7b", "32k", "h100x8", trials=10, fix=(("ep", 2),))
+    assert plan.candidate.ep == 2 and plan.estimate.fits
