@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import deepspeed_buffers as ds
+from autosp.cost_models import deepspeed_buffers as ds, moe
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec
 
@@ -38,6 +38,21 @@ def all_to_all_time(hw: HardwareSpec, group: int, buffer_bytes: float) -> float:
     t_inter = _xfer(inter, hw.inter_node_bandwidth * eff)
     latency = hw.inter_node_latency if group > hw.devices_per_node else hw.intra_node_latency
     return latency + max(t_intra, t_inter)
+
+
+def expert_all_to_all_time(hw: HardwareSpec, ms, s: float, e: int, recomputed_forwards: int,
+                           mlp_chunks: int) -> float:
+    """Seconds of one micro-batch's mixture-of-experts dispatch and combine all-to-alls on one GPU
+    (cost_models/moe.py): :func:`moe.all_to_alls_per_layer` per MoE layer, each over the ep consecutive ranks of
+    the EP group (intra-node peers over NVLink, the others over the scale-out network); a tiled MLP runs each per
+    tile (the same bytes, one latency per tile). 0 without expert parallelism."""
+    buffer = moe.dispatch_buffer_bytes(ms, s, e)
+    if buffer <= 0:
+        return 0.0
+    one = all_to_all_time(hw, ms.ep, buffer)
+    latency = hw.inter_node_latency if ms.ep > hw.devices_per_node else hw.intra_node_latency
+    one += (max(1, mlp_chunks) - 1) * latency
+    return ms.moe_layers * moe.all_to_alls_per_layer(recomputed_forwards) * one
 
 
 def ring_time(hw: HardwareSpec, group: int, nbytes: float, kind: str, calls: int = 1) -> float:
@@ -89,7 +104,8 @@ def ulysses_bytes_per_layer(sh: Shapes) -> float:
     return (2 * sh.q + 2 * sh.k_eff) * sh.s * sh.e * (sh.U - 1) / sh.U
 
 
-def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tuple[float, float, float, float]:
+def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int, group: int | None = None,
+               spans: bool | None = None) -> tuple[float, float, float, float]:
     """ZeRO collectives over the dp x sp group, in seconds.
 
     Returns (per_step, per_micro_fwd, per_micro_bwd, exposed_per_step): comm once per optimizer step,
@@ -101,12 +117,15 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     (overlapped), all-gather of the parameters after the step (exposed); stage 3: all-gather of the
     parameters in every forward and again in every backward, reduce-scatter of the gradients in
     every backward (all prefetched/overlapped; the first layer's gather is exposed).
+
+    ``group`` and ``spans``: another group than all dp x sp ranks, and whether it crosses nodes (the routed
+    experts' expert-data-parallel group: cost_models/moe.py).
     """
-    g = cand.sp * cand.dp
+    g = cand.sp * cand.dp if group is None else group
     if g <= 1:
         return 0.0, 0.0, 0.0, 0.0
     # ring_time inlined: one link for every ZeRO collective of this group
-    spans = g > hw.devices_per_node
+    spans = g > hw.devices_per_node if spans is None else spans
     bandwidth = (hw.inter_node_bandwidth if spans else hw.intra_node_bandwidth) * hw.comm_efficiency
     alpha = (hw.inter_node_latency if spans else hw.intra_node_latency) * (g - 1)
     one_pass = _xfer((g - 1) / g * n_params * e, bandwidth)  # reduce-scatter or all-gather bytes
@@ -126,4 +145,4 @@ def zero_times(hw: HardwareSpec, cand: Candidate, n_params: float, e: int) -> tu
     return 0.0, all_gather, all_gather + reduce_scatter, 0.0
 
 
-__all__ = ["all_to_all_time", "ring_time", "ulysses_bytes_per_layer", "ulysses_layer_times", "zero_times"]
+__all__ = ["all_to_all_time", "expert_all_to_all_time", "ring_time", "ulysses_bytes_per_layer", "ulysses_layer_times", "zero_times"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import chunks, deepspeed_buffers as ds, param_offload, profile, ring
+from autosp.cost_models import chunks, deepspeed_buffers as ds, moe, param_offload, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
@@ -66,7 +66,7 @@ def zero3_gathered_params(sh: Shapes, lm_head_persistent: bool = False) -> float
     (norm weights and biases under stage3_param_persistence_threshold, always gathered), plus the LM
     head's matrix when the loss is tiled (the compiler keeps it gathered so that it is traced inline
     with the loss: compiler/zero3.py)."""
-    layer = sh.layer_params
+    layer = sh.layer_params if sh.moe is None else moe.gathered_layer_params(sh.moe, sh.layer_params)
     largest = max(layer, sh.lm_head_params)
     gathered = min(largest + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer), max(ds.STAGE3_MAX_LIVE_PARAMETERS, largest))
     persistent = sh.L * sh.prof.layer_small_params + sh.prof.other_small_params
@@ -76,14 +76,16 @@ def zero3_gathered_params(sh: Shapes, lm_head_persistent: bool = False) -> float
 
 
 def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float, float, float]:
-    """(parameters, gradients, optimizer_states, gathered) bytes on one GPU.
+    """(parameters, gradients, optimizer_states, gathered) bytes on one GPU of everything but the routed experts
+    of a mixture of experts (:func:`expert_state_bytes`).
 
     ZeRO partitions over N_d = dp x sp ranks (parameters are replicated across the SP group, so the
     SP ranks share the states too). At stage 3 ``parameters`` includes ``gathered``: the bytes of
     parameters all-gathered at the peak (:func:`zero3_gathered_params`).
     """
     nd = cand.sp * cand.dp
-    params, grads, optim = zero_state_bytes(sh.n_params, nd, cand.zero_stage, dtype)
+    experts = sh.moe.expert_params if sh.moe else 0  # routed experts: expert_state_bytes
+    params, grads, optim = zero_state_bytes(sh.n_params - experts, nd, cand.zero_stage, dtype)
     if cand.offload_optimizer:
         # ZeRO-Offload (arXiv 2101.06840): master weights and Adam states live on the host; from stage
         # 2 on, reduced gradient partitions are copied to the host bucket by bucket (the buckets are
@@ -99,6 +101,14 @@ def model_states(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float,
         # parameters in flight are on the device
         params = gathered if offloaded else params + gathered
     return params, grads, optim, gathered
+
+
+def expert_state_bytes(cand: Candidate, dtype: str, sh: Shapes) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) of the routed experts on one GPU: sharded by ``ep``, then by ZeRO
+    over the sp x dp / ep ranks holding the same experts (cost_models/moe.py); zeros for a dense model."""
+    if sh.moe is None:
+        return 0.0, 0.0, 0.0
+    return moe.expert_state_bytes(sh.moe, cand.zero_stage, dtype, cand.offload_optimizer, param_offload.enabled(cand))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -204,6 +214,8 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
     else:
         attn, mlp = layer_saved_elems(sh, cand.checkpointing, tiled)
         per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
+    if not recomputed:  # router, permutation buffers, the busiest EP rank's margin (cost_models/moe.py)
+        per_layer += s * moe.kept_bytes_per_token(sh.moe, e, "none" if chunked else cand.checkpointing)
     final = sh.prof.final
     final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
     if cand.offload_chunks and not recomputed:  # the kept chunks live on the host
@@ -226,6 +238,7 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
                 transient += layer_set
     else:
         mlp_phase, mlp_fixed, attn_phase, attn_fixed = layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
+        mlp_fixed += moe.transient_bytes_per_token(sh.moe, e, cand.checkpointing)
         transient = max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
     return kept, transient, per_layer, host
 
@@ -256,7 +269,8 @@ def a2a_buffer_bytes(sh: Shapes) -> float:
 
 
 def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
-    """All-to-all staging (send + receive of the largest q/k/v/out tensor) and ZeRO buckets.
+    """All-to-all staging (send + receive of the largest q/k/v/out tensor; with expert parallelism also the
+    dispatch's send and receive buffers, cost_models/moe.py) and ZeRO buckets.
 
     ZeRO buckets (elements in deepspeed_buffers, gradients in the training dtype): stage 0 one
     reduce bucket; stages 1-2 two gradient staging buffers of a reduce bucket each with overlap_comm
@@ -264,7 +278,7 @@ def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
     reduce bucket (the prefetch bucket is counted with the gathered parameters).
     """
     e = sh.e
-    a2a = a2a_buffer_bytes(sh)
+    a2a = a2a_buffer_bytes(sh) + moe.a2a_buffer_bytes(sh.moe, sh.s, e)
     stage = cand.zero_stage
     bucket = ds.reduce_bucket_elements(sh.n_params)
     if stage == 0:
@@ -307,6 +321,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     """
     notes: tuple[str, ...] = ()
     params, grads, optim, gathered = model_states(cand, dtype, sh)
+    expert_w, expert_g, expert_o = expert_state_bytes(cand, dtype, sh)
     kept, transient, per_layer, host = activation_bytes(sh, cand)
     activations = kept + transient
     host_total = host + optimizer_host_bytes(cand, sh) + param_offload.host_bytes(sh, cand)
@@ -327,20 +342,21 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     loss_peak, logits = loss_phase_bytes(sh, cand)
     a2a = a2a_buffer_bytes(sh)
     loss_phase = kept + loss_peak + a2a
-    backward_phase = grads + buffers + activations + logits
+    backward_phase = grads + expert_g + buffers + activations + logits
     if math.isfinite(activations) and loss_phase > backward_phase:
-        grads, activations, logits, buffers = 0.0, kept, loss_peak, a2a
+        grads, expert_g, activations, logits, buffers = 0.0, 0.0, kept, loss_peak, a2a
         notes += ("peak in the loss phase (LM head + cross-entropy): gradients and ZeRO buffers are not "
                   "allocated yet",)
     dynamic = activations + logits + buffers + gathered
     reserve = reserve_bytes(dynamic, cand.sp * cand.dp)
     return (MemoryBreakdown(parameters=params, gradients=grads, optimizer_states=optim, activations=activations,
-                            logits_loss=logits, comm_buffers=buffers, reserve=reserve),
+                            logits_loss=logits, comm_buffers=buffers, reserve=reserve,
+                            expert_states=expert_w + expert_g + expert_o),
             (kept, transient, per_layer, host), notes)
 
 
 __all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION", "LOSS_FP32_BYTES", "NCCL_BYTES",
-           "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "host_bytes_available",
+           "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "expert_state_bytes", "host_bytes_available",
            "layer_extra_bytes", "layer_saved_elems", "layer_transient_elems", "layer_transient_phases",
            "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "reserve_bytes",
            "state_bytes_per_param", "zero3_gathered_params", "zero_state_bytes"]

@@ -25,6 +25,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
+from autosp.cost_models import moe, softcap
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, ModelSpec
 
 PROFILE_SCHEMA = 1
@@ -233,7 +234,9 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     ==========  ==================================  ==============  ===========
     """
     h, q, k, f, a, V = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.n_heads, model.vocab
-    mlp = (3 if model.gated_mlp else 2) * h * f
+    if model.n_experts:  # a mixture of experts is priced as the dense MLP a token runs through (cost_models/moe.py)
+        f = moe.mean_active_ffn(model)
+    mlp = (3 if model.gated_mlp else 2) * h * f + moe.mean_router_params(model)
     lse, rms = 4 * a, 8
     core = q + 2 * q   # q and the two layouts of the attention output (k, v are the kv part)
     kept_attn = (Elems(4 * h + core, 2 * k, lse + rms), Elems(2 * h + core, 2 * k, lse),
@@ -250,6 +253,7 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     mlp_live = (Elems(), Elems(f), Elems(3 * f), Elems(3 * f))
     bias = (q + 2 * k) if model.qkv_bias else 0
     emb = V * h
+    capped, cap_fwd, cap_bwd = softcap.logit_extra(model)  # Gemma 2's final-logit soft-capping
     return ModelProfile(
         name=model.name, source="analytic", n_layers=model.n_layers, hidden=h, n_heads=a,
         n_kv_heads=model.n_kv_heads, head_dim=model.head_dim, vocab=V,
@@ -260,13 +264,14 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
         kept_attn=kept_attn, kept_mlp=kept_mlp, recompute_mlp_phase=re_mlp, recompute_attn_phase=re_attn,
         mlp_live=mlp_live, mlp_inner=Elems(3 * f), mlp_grads=Elems(f), mlp_phase_grads=Elems(2 * h),
         attn_grads=Elems(4 * q + h, 2 * k), final=Elems(2 * h),
-        logits=Elems(V), loss_peak=Elems(V, 0, LOSS_FP32_BYTES * V), loss_hidden_grad=Elems(h),
+        logits=Elems(V * (1 + capped)), loss_peak=Elems(V * (1 + capped), 0, LOSS_FP32_BYTES * V),
+        loss_hidden_grad=Elems(h),
         pw_layer_fwd=Elems(10 * h + 2 * q + 5 * f, 2 * k),
         pw_recompute=(Elems(), Elems(4 * h + 4 * f), Elems(4 * h + 4 * f), Elems()),
         pw_mlp_recompute=Elems(3 * f),
-        loss_pw_fwd=LOSS_POINTWISE_FWD_BYTES * V, loss_pw_bwd=LOSS_POINTWISE_BWD_BYTES * V,
+        loss_pw_fwd=(LOSS_POINTWISE_FWD_BYTES + cap_fwd) * V, loss_pw_bwd=(LOSS_POINTWISE_BWD_BYTES + cap_bwd) * V,
         fingerprint=model.fingerprint(),
-        details=(("ffn_hidden", f), ("gated_mlp", model.gated_mlp), ("tied_embeddings", model.tied_embeddings),
+        details=(("ffn_hidden", model.ffn_hidden), ("gated_mlp", model.gated_mlp), ("tied_embeddings", model.tied_embeddings),
                  ("qkv_bias", model.qkv_bias)),
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from autosp.cost_models.moe import layout as moe_layout
 from autosp.cost_models.profile import ModelProfile, analytic_profile
 from autosp.cost_models.specs import Candidate, ModelSpec, Workload
 
@@ -43,6 +44,8 @@ class Shapes:
     - ``doc_lens``: the workload's packed-document histogram (empty: unpacked); ``window``, ``windowed``: the
       model's sliding window and how many of its layers use it (0, 0: all global). Attention FLOPs and time
       follow them (cost_models/documents.py); nothing per token does.
+    - ``moe``: the model's :class:`~autosp.cost_models.moe.MoeShape` under the candidate's ``ep`` (None: dense);
+      ``model``: the ModelSpec itself.
     - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
       (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
       widths, heads and parameter counts below are the profile's.
@@ -51,7 +54,7 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention")
+                 "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention", "moe", "model")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -99,6 +102,9 @@ class Shapes:
         self.lm_head_params = prof.largest_other_params
         self.layer_params = prof.layer_params
         self.n_params = prof.n_params
+        self.model = model
+        # mixture of experts: experts, top-k and the EP degree (None for a dense model; cost_models/moe.py)
+        self.moe = moe_layout(model, cand)
 
 
 def shapes(model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None) -> Shapes:

@@ -55,6 +55,11 @@ def from_dict(cls, data: dict):
     return cls(**data)
 
 
+_LATER_FIELDS = {"sliding_window": 0, "sliding_layers": (), "n_experts": 0, "experts_per_token": 0,
+                 "expert_ffn_hidden": 0, "shared_ffn_hidden": 0, "dense_layers": (), "attn_logit_softcap": 0.0,
+                 "final_logit_softcap": 0.0}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, as far as cost goes.
@@ -66,6 +71,14 @@ class ModelSpec:
     ``sliding_window`` most recent tokens only (each query sees keys q - W + 1 .. q, Hugging Face's
     ``sliding_window``); the others attend to the whole causal prefix. ``sliding_window = 0`` (and no
     layers): every layer is global.
+
+    Mixture of experts (``n_experts`` > 0; cost_models/moe.py): the MLP of every layer not in ``dense_layers``
+    is ``n_experts`` routed experts of width ``expert_ffn_hidden`` (gated like ``gated_mlp``), of which each
+    token uses ``experts_per_token`` (top-k), a router (hidden x n_experts) and, with ``shared_ffn_hidden`` > 0,
+    shared experts every token uses (their total width). ``dense_layers`` keep a dense MLP of ``ffn_hidden``.
+
+    Logit soft-capping (Gemma 2): ``attn_logit_softcap`` caps attention scores, ``final_logit_softcap`` the
+    LM head's logits (cap x tanh(x / cap)); 0 = none.
     """
 
     name: str
@@ -85,9 +98,19 @@ class ModelSpec:
     source: str = ""
     sliding_window: int = 0
     sliding_layers: tuple = ()
+    # mixture of experts (cost_models/moe.py): 0 experts = dense
+    n_experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn_hidden: int = 0
+    shared_ffn_hidden: int = 0
+    dense_layers: tuple = ()
+    # Gemma 2 logit soft-capping (0 = none): cap * tanh(x / cap) on attention scores / final logits
+    attn_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))  # JSON gives a list
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -104,6 +127,9 @@ class ModelSpec:
         if bool(window) != bool(layers):
             raise ValueError("ModelSpec.sliding_window and sliding_layers go together: a window needs the layers "
                              "it applies to, and windowed layers need a window")
+        from autosp.cost_models.moe import check_spec  # the MoE fields' rules live with their costs
+
+        check_spec(self)
 
     @property
     def windowed_layers(self) -> int:
@@ -118,15 +144,26 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer (attention, MLP and its two norms)."""
+    @property
+    def moe_layers(self) -> int:
+        """How many layers have a mixture-of-experts MLP (0 for a dense model)."""
+        return self.n_layers - len(self.dense_layers) if self.n_experts else 0
+
+    def attention_params(self) -> int:
+        """Attention projections (and their biases) of one layer plus its two norms."""
         h = self.hidden
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn_hidden
-        norms = 2 * h
-        return attn + mlp + norms
+        return attn + 2 * h
+
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, MLP and its two norms); of a mixture-of-experts layer
+        (every expert, the router and the shared experts) when the model has any."""
+        from autosp.cost_models.moe import moe_mlp_params
+
+        mlp = moe_mlp_params(self) if self.n_experts else (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
+        return self.attention_params() + mlp
 
     def embedding_params(self) -> int:
         """Input embedding plus output head (counted once when tied) plus the final norm."""
@@ -134,14 +171,17 @@ class ModelSpec:
         return emb * (1 if self.tied_embeddings else 2) + self.hidden
 
     def n_params(self) -> int:
-        return self.n_layers * self.layer_params() + self.embedding_params()
+        if not self.n_experts:
+            return self.n_layers * self.layer_params() + self.embedding_params()
+        dense = self.attention_params() + (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
+        return (self.moe_layers * self.layer_params() + (self.n_layers - self.moe_layers) * dense
+                + self.embedding_params())
 
     def fingerprint(self) -> str:
-        """Without a window the fields added for windows are left out, so models described before them keep
-        their fingerprints (committed plans, caches)."""
-        if self.sliding_window:
-            return fingerprint_of(self)
-        data = {k: v for k, v in asdict(self).items() if k not in ("sliding_window", "sliding_layers")}
+        """Fields added after the first plans were written (windows, experts, soft-capping) are left out while
+        they hold their defaults, so models described before them keep their fingerprints (committed plans,
+        caches)."""
+        data = {k: v for k, v in asdict(self).items() if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -259,6 +299,11 @@ class Candidate:
     chunk i over key/value chunks <= i, merged by log-sum-exp); ``offload_chunks`` keeps the chunks'
     saved tensors in host memory. ``offload_param``: ZeRO-3 parameter offload (weights live on the host
     and are fetched layer by layer).
+
+    ``ep``: expert parallelism of a mixture-of-experts model: each group of ``ep`` consecutive ranks (SP and DP
+    ranks alike, which all hold distinct tokens) splits every MoE layer's experts ``n_experts / ep`` per rank and
+    sends each token to its experts' ranks and back by all-to-all; ZeRO then shards the expert states over the
+    ``sp x dp / ep`` ranks holding the same experts (cost_models/moe.py). 1 = every rank holds every expert.
     """
 
     sp: int
@@ -276,9 +321,11 @@ class Candidate:
     sequence_chunks: int = 1
     offload_chunks: bool = False
     offload_param: bool = False
+    ep: int = 1
 
     def __post_init__(self):
-        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks"):
+        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks",
+                     "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # a plan's true is no count
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -302,6 +349,9 @@ class Candidate:
             raise ValueError("offload_chunks moves the chunks of sequence-chunked layers; it needs sequence_chunks > 1")
         if self.offload_param and self.zero_stage != 3:
             raise ValueError("offload_param (ZeRO-3 parameter offload) needs zero_stage 3")
+        if (self.sp * self.dp) % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide sp x dp ({self.sp * self.dp}): the expert-parallel group is "
+                             "folded onto the ranks that hold distinct tokens")
 
     @property
     def world_size(self) -> int:
@@ -335,6 +385,8 @@ class Candidate:
             parts.append("optim-offload")
         if self.offload_param:
             parts.append("param-offload")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         return " ".join(parts)
 
 
@@ -349,11 +401,14 @@ class MemoryBreakdown:
     logits_loss: float
     comm_buffers: float
     reserve: float
+    expert_states: float = 0.0
+    """Weights, gradients and optimizer states of the routed experts this GPU holds (mixture of experts; the
+    other three state fields are the rest of the model)."""
 
     @property
     def total(self) -> float:
         return (self.parameters + self.gradients + self.optimizer_states + self.activations + self.logits_loss
-                + self.comm_buffers + self.reserve)
+                + self.comm_buffers + self.reserve + self.expert_states)
 
 
 @dataclass(frozen=True)
@@ -371,6 +426,9 @@ class TimeBreakdown:
     offload: float
     exposed_comm: float
     step: float
+    expert_comm: float = 0.0
+    """The mixture-of-experts dispatch and combine all-to-alls (on the critical path: counted in
+    ``exposed_comm`` too)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
-from autosp.cost_models import chunks as seq_chunks, comm, flops, param_offload, ring
+from autosp.cost_models import chunks as seq_chunks, comm, flops, moe, param_offload, ring, softcap
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -54,6 +54,20 @@ def _exposed_attention_comm(overlap: str, t_q: float, t_k: float, t_v: float, t_
     return total
 
 
+def _zero_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float) -> tuple[float, float, float, float]:
+    """ZeRO's collectives (comm.zero_times): a dense model's over all dp x sp ranks; a mixture of experts' routed
+    experts (each rank's E / ep of them) separately over the world / ep ranks holding the same experts, strided by
+    ep, so that group crosses nodes whenever the world does (cost_models/moe.py)."""
+    if sh.moe is None:
+        return comm.zero_times(hw, cand, n_params, sh.e)
+    ms = sh.moe
+    rest = comm.zero_times(hw, cand, n_params - ms.expert_params, sh.e)
+    group = ms.world // ms.ep
+    experts = comm.zero_times(hw, cand, ms.expert_params / ms.ep, sh.e, group=group,
+                              spans=group > 1 and ms.world > hw.devices_per_node)
+    return tuple(a + b for a, b in zip(rest, experts))
+
+
 def step_time(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float,
               offload_layer_bytes: float) -> TimeBreakdown:
     return step_time_parts(hw, cand, sh, n_params, offload_layer_bytes)[0]
@@ -71,20 +85,23 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     L = sh.L
 
     # --- compute of one micro-batch ---
-    mm_fwd = flops.matmul_flops_forward(sh)
+    mm_fwd = flops.matmul_flops_forward(sh) + moe.imbalance_flops_forward(sh.moe, sh.s)  # busiest EP rank
     att_fwd = flops.attention_flops_forward(sh)
     mm_re, att_re = flops.recompute_flops(sh, cand)
     pw_base, pw_re = flops.pointwise_bytes(sh, cand)
     t_mm_fwd = mm_fwd / mm_rate
     # ring steps and sequence chunks run shorter, slower attention kernels (1 without either)
     ring_factor = seq_chunks.compute_factor(sh)
-    t_att_fwd = att_fwd / att_rate * ring_factor
+    capped_fwd, capped_bwd = softcap.attention_slowdown(sh.model)  # Gemma 2's attention soft-capping
+    t_att_fwd = att_fwd / att_rate * ring_factor * capped_fwd
     t_pw = pw_base / mem_bw if mem_bw > 0 else 0.0
     prof = sh.prof
     pw_bwd = prof.pw_bwd_factor
     t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
-    t_bwd = prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd + pw_bwd * t_pw / (1.0 + pw_bwd)
-    t_recompute = mm_re / mm_rate + att_re / att_rate * ring_factor + (pw_re / mem_bw if mem_bw > 0 else 0.0)
+    t_bwd = (prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd * capped_bwd / capped_fwd
+             + pw_bwd * t_pw / (1.0 + pw_bwd))
+    t_recompute = (mm_re / mm_rate + att_re / att_rate * ring_factor * capped_fwd
+                   + (pw_re / mem_bw if mem_bw > 0 else 0.0))
     if cand.mlp_chunks > 1:  # chunks run in the forward, again (with grad) in the backward, and in a full recompute
         t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
     if cand.loss_chunks > 1:
@@ -92,7 +109,8 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     if sh.N > 1:  # every chunk of every layer in the forward, each recompute and the backward
         t_recompute += TILE_OVERHEAD_S * sh.N * L * (2 + flops.layer_forwards_recomputed(sh, cand)[0])
     t_micro = t_fwd + t_bwd + t_recompute
-    t_optimizer = flops.optimizer_bytes(n_params, cand) / mem_bw if mem_bw > 0 else 0.0
+    t_optimizer = (flops.optimizer_bytes(moe.optimizer_params(sh.moe, n_params, cand.zero_stage), cand) / mem_bw
+                   if mem_bw > 0 else 0.0)
     optimizer_offload = 0.0
     if cand.offload_optimizer:
         # the step runs on the host's share of DRAM bandwidth; the updated bf16 weights go back over the
@@ -154,8 +172,11 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         layer_bwd = (t_bwd + t_recompute) / L
         offload_micro += L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
 
+    # --- mixture of experts: dispatch and combine all-to-alls, on the critical path (cost_models/moe.py) ---
+    expert_micro = comm.expert_all_to_all_time(hw, sh.moe, sh.s, sh.e, forwards, cand.mlp_chunks)
+
     # --- ZeRO ---
-    z_step, z_fwd, z_bwd, z_exposed = comm.zero_times(hw, cand, n_params, sh.e)
+    z_step, z_fwd, z_bwd, z_exposed = _zero_times(hw, cand, sh, n_params)
     ga = cand.grad_accum
     zero_total = z_step + ga * (z_fwd + z_bwd)
     zero_exposed = z_exposed
@@ -168,11 +189,11 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     compute = ga * t_micro + t_optimizer
     recompute = ga * t_recompute
     attention_comm = ga * attention_comm_micro
-    exposed = ga * exposed_attention_micro + zero_exposed
+    exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
     offload = ga * (offload_micro + param_exposed) + optimizer_offload
     breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
                               zero_comm=zero_total, offload=offload, exposed_comm=exposed,
-                              step=compute + exposed + offload)
+                              step=compute + exposed + offload, expert_comm=ga * expert_micro)
     return breakdown, ga * ring_micro, ga * ring_exposed_micro
 
 

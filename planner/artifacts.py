@@ -75,7 +75,8 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
                          loss_chunks=int(a["loss_chunks"]), offload_activations=bool(a["offload_activations"]),
                          overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)),
                          sequence_chunks=a.get("sequence_chunks", 1),  # not coerced: "4" or "yes" are refused
-                         offload_chunks=a.get("offload_chunks", False), offload_param=bool(param))
+                         offload_chunks=a.get("offload_chunks", False), offload_param=bool(param),
+                         ep=a.get("ep", 1))  # not coerced either
         dtype = a.get("dtype") or ("bf16" if (data.get("bf16") or {}).get("enabled") else "fp32")
         if "global_batch" in a:
             global_batch = a["global_batch"]

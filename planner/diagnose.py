@@ -32,13 +32,14 @@ def _leanest(space, seq_len: int):
         # offload: activation offload, or (with the most sequence chunks) chunk offload, or neither
         seq = max(per["sequence_chunks"] or (1,))
         offloads = [(True, 1, False), (False, 1, False), (False, seq, False), (False, seq, True)]
-        for ckpt, (offload, chunks, chunk_off), optim, (zero, loss) in itertools.product(
-                ("full", "sequence"), offloads, (True, False), sorted(zero_loss)):
+        eps = sorted({per["ep"][0], per["ep"][-1]})  # no expert parallelism, or the most (cost_models/moe.py)
+        for ckpt, (offload, chunks, chunk_off), optim, (zero, loss), ep in itertools.product(
+                ("full", "sequence"), offloads, (True, False), sorted(zero_loss), eps):
             cand = target.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
                                checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
                                loss_chunks=loss, offload_activations=offload,
                                overlap="none", offload_optimizer=optim, sequence_chunks=chunks,
-                               offload_chunks=chunk_off and chunks > 1)
+                               offload_chunks=chunk_off and chunks > 1, ep=ep)
             if target.reason(cand):
                 continue
             est = evaluator(cand)

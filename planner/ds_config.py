@@ -64,6 +64,7 @@ def deepspeed_config(plan) -> dict:
             "sequence_chunks": c.sequence_chunks,
             "offload_chunks": c.offload_chunks,
             "offload_param": c.offload_param,
+            "ep": c.ep,  # expert parallelism (mixture of experts; 1 = none)
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

@@ -33,6 +33,7 @@ import itertools
 
 from autosp.planner.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
 from autosp.planner.search import DIAL_KNOBS, complete
+from autosp.planner.space import chunk_overlap
 
 CLIMB_STEPS = 8
 """Moves of the light climb after the branch and bound (it rarely takes more than two)."""
@@ -53,7 +54,12 @@ def undialed(space, per: dict, **structure):
                       offload_optimizer=_first(per["offload_optimizer"], False),
                       sequence_chunks=per["sequence_chunks"][0] if per["sequence_chunks"] else 1,
                       offload_chunks=_first(per["offload_chunks"], False),
-                      offload_param=_first(per.get("offload_param", (False,)), False))
+                      offload_param=_first(per.get("offload_param", (False,)), False), **_ep(per, structure))
+
+
+def _ep(per: dict, structure: dict) -> dict:
+    """The structure's expert-parallel degree, else the space's first (1 for a dense model)."""
+    return {} if "ep" in structure else {"ep": per.get("ep", (1,))[0]}
 
 
 OFFLOADS = ((True, True), (True, False), (False, True), (False, False))
@@ -77,12 +83,19 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
         most = per["sequence_chunks"][-1]
         chunking = [(most, off) for off in (True, False) if off in per["offload_chunks"]] + chunking
     params = [p for p in (True, False) if p in per.get("offload_param", (False,))]  # weights on the host first
+    # the most experts sharded (leanest below ZeRO-3) and none (no imbalance margin, no dispatch buffers)
+    eps = [structure["ep"]] if "ep" in structure else sorted({per.get("ep", (1,))[-1], per.get("ep", (1,))[0]},
+                                                               reverse=True)
+    base = {k: v for k, v in structure.items() if k != "ep"}
     seen = set()
-    for (seq, seq_off), (act, opt), param in itertools.product(chunking, OFFLOADS, params):
+    for (seq, seq_off), (act, opt), param, ep in itertools.product(chunking, OFFLOADS, params, eps):
         if act not in per["offload_activations"] or opt not in per["offload_optimizer"]:
             continue
-        cand = space.make(**structure, mlp_chunks=mlp[-1], loss_chunks=loss_chunks, offload_activations=act,
-                          offload_optimizer=opt, sequence_chunks=seq, offload_chunks=seq_off, offload_param=param)
+        # sequence chunks take kv_async where the structure has head_pipeline (else every chunked point is invalid
+        # and a family that fits only chunked is screened out)
+        cand = space.make(**dict(base, overlap=chunk_overlap(base["overlap"], seq)), mlp_chunks=mlp[-1],
+                          loss_chunks=loss_chunks, offload_activations=act, offload_optimizer=opt, sequence_chunks=seq,
+                          offload_chunks=seq_off, offload_param=param, ep=ep)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand
@@ -161,9 +174,12 @@ def fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None) -> 
     for sp, ring, per, zero, ckpt in _families(target):
         structure = dict(sp=sp, ring=ring, zero_stage=zero, micro_batch=per["micro_batch"][0], checkpointing=ckpt,
                          overlap=per["overlap"][-1])
-        cand = undialed(target, per, **structure)
-        if target.reason(cand):
+        # the family's speed bound: its fastest dial at every expert-parallel degree (one for a dense model)
+        points = [c for c in (undialed(target, per, **structure, ep=ep) for ep in per.get("ep", (1,)))
+                  if not target.reason(c)]
+        if not points:
             continue
+        cand = max(points, key=lambda c: estimate(c).tokens_per_second)
         bounded.append((estimate(cand).tokens_per_second, cand, per, structure))
     after_bounds = evaluator.calls
     bounded.sort(key=lambda item: -item[0])

@@ -74,8 +74,8 @@ def _check_alone(name: str, value) -> None:
     base = {"sp": 1, "zero_stage": 3, "checkpointing": "full", "sequence_chunks": 2}
     base = {k: v for k, v in base.items() if k in knob_names()}
     base[name] = value
-    if name == "ring" and isinstance(value, int) and value > 0:
-        base["sp"] = value
+    if name in ("ring", "ep") and isinstance(value, int) and value > 0:
+        base["sp"] = value  # both must divide the SP x DP ranks
     try:
         Candidate(**base)
     except ValueError as err:
@@ -137,6 +137,12 @@ def check_pins(space) -> None:
         reason = sp_reason(space.model, hw, sp, space.allow_cross_node_sp)
         if reason:
             raise UsageError(f"--fix sp={sp}: {reason}")
+    if pins.get("ep", 1) != 1:
+        from autosp.planner.space import ep_reason
+
+        reason = ep_reason(space.model, hw, pins["ep"])
+        if reason:
+            raise UsageError(f"--fix ep={pins['ep']}: {reason}")
     if pins.get("grad_accum", 1) != 1 and space.workload.global_batch is None:
         raise UsageError(f"--fix grad_accum={pins['grad_accum']} needs --global-batch (without it a step trains one "
                          "micro-batch per data-parallel replica)")

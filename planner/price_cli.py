@@ -154,7 +154,8 @@ def verdict(plan) -> str:
         return f"fits: {format_gib(mem)} of the usable {format_gib(cap)} per GPU ({format_gib(cap - mem)} headroom)"
     parts = {"parameters": e.memory.parameters, "gradients": e.memory.gradients,
              "optimizer states": e.memory.optimizer_states, "activations": e.memory.activations,
-             "logits + loss": e.memory.logits_loss, "comm buffers": e.memory.comm_buffers}
+             "logits + loss": e.memory.logits_loss, "comm buffers": e.memory.comm_buffers,
+             "expert states": e.memory.expert_states}
     biggest = max(parts, key=parts.get)
     if mem != mem or mem == float("inf"):
         return f"does not fit: {memory_shortfall(e)}"

@@ -11,6 +11,9 @@
   trace cannot see (norm kind, RoPE theta, max positions, sliding windows: the trace runs every layer as
   full causal attention, the cost model applies the window) come from the config itself.
 
+A mixture-of-experts config (routing is data-dependent) and a soft-capped Gemma 2 config are priced by the
+formulas directly (cost_models/moe.py, cost_models/softcap.py), without a trace; the plan's model source says so.
+
 If tracing a config.json fails, :mod:`autosp.planner.profile_fallback` decides in one stderr line: a
 model autosp-train cannot train (transformers cannot build it, or its attention is not SDPA) is refused;
 otherwise the plan is priced with the analytic formulas for the config's widths when they count the
@@ -54,6 +57,17 @@ def _load(arg: str) -> ModelProfile:
     return graph_profile.load_or_build(arg)
 
 
+def _analytic_reason(spec: ModelSpec) -> str | None:
+    """Why a config.json is priced by the formulas without tracing, or None. A mixture of experts routes tokens
+    by data (a fake-tensor trace cannot follow the per-expert token counts); Gemma 2's soft-capped attention runs
+    outside SDPA in transformers. Both are what the formulas describe (cost_models/moe.py, softcap.py)."""
+    if spec.n_experts:
+        return "mixture of experts, not traced"
+    if spec.attn_logit_softcap or spec.final_logit_softcap:
+        return "logit soft-capping, not traced"
+    return None
+
+
 def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
     """(ModelSpec, graph ModelProfile or None for the analytic formulas) of a ``--model`` argument."""
     if isinstance(model, ModelSpec):
@@ -70,6 +84,9 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         return models.resolve_model(arg), None
     if models._looks_like_path(arg):
         parsed = models.resolve_model(arg)  # a clear UsageError for a missing or malformed config
+        analytic = _analytic_reason(parsed)
+        if analytic:
+            return replace(parsed, source=f"analytic formulas ({analytic}) of {parsed.source}"), None
         from autosp.cost_models import graph_profile
         from autosp.planner import profile_fallback
 

@@ -115,6 +115,17 @@ def attention_line(att: dict | None, times: str = "x") -> str:
             f"{saved / 1e15:,.1f} PFLOP per step saved")
 
 
+def expert_row(plan) -> str:
+    """The plan's expert parallelism: degree, experts per GPU and where ZeRO shards the expert states."""
+    c, m = plan.candidate, plan.model
+    world = c.sp * c.dp
+    active = f"{m.experts_per_token} of {m.n_experts} experts per token"
+    if c.ep == 1:
+        return f"ep = 1   (every GPU holds all {m.n_experts} experts; {active})"
+    shard = f"ZeRO over the {world // c.ep} GPUs holding the same experts" if world > c.ep else "no ZeRO sharding left"
+    return f"ep = {c.ep}   ({m.n_experts // c.ep} experts per GPU, {shard}; {active})"
+
+
 def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
@@ -152,6 +163,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         ("parameter offload", "on (ZeRO-3 offload_param: bf16 weights on the host, fetched layer by layer)"
                               if c.offload_param else "off"),
     ]
+    if getattr(m, "n_experts", 0):
+        rows.insert(1, ("expert parallel", expert_row(plan)))
     why = layout_why(plan)
     if hw.nodes > 1:
         rows.insert(1, ("SP groups", sp_scope(plan)))
@@ -173,6 +186,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     parts = [("parameters", mem.parameters), ("gradients", mem.gradients), ("optimizer states", mem.optimizer_states),
              ("activations", mem.activations), ("logits + loss", mem.logits_loss), ("comm buffers", mem.comm_buffers),
              ("allocator reserve", mem.reserve)]
+    if getattr(m, "n_experts", 0):  # routed experts' weights, gradients and optimizer states, apart
+        parts.insert(3, ("expert states", mem.expert_states))
     for label, value in parts + [("total", mem.total)]:
         frac = value / cap if cap else 0.0
         if label == "total":
@@ -191,8 +206,9 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
                  f"recompute {format_seconds(t.recompute)}{dot}exposed comm {format_seconds(t.exposed_comm)}"
                  f"{dot}offload {format_seconds(t.offload)})")
     attention = "all-to-all" if c.ring == 1 else ("ring P2P" if c.ulysses == 1 else "all-to-all + ring P2P")
+    experts = f"{dot}expert all-to-all {format_seconds(t.expert_comm)} (exposed)" if getattr(m, "n_experts", 0) else ""
     lines.append(f"  {'communication':<20}{attention} {format_seconds(t.attention_comm)}{dot}ZeRO "
-                 f"{format_seconds(t.zero_comm)} (before overlap)")
+                 f"{format_seconds(t.zero_comm)} (before overlap){experts}")
     per_gpu = e.tokens_per_second / max(1, c.sp * c.dp)
     lines.append(f"  {'throughput':<20}{e.tokens_per_second:,.0f} tokens/s ({per_gpu:,.0f} per GPU)")
     lines.append(f"  {'MFU':<20}{100 * e.mfu:.1f}%")

@@ -296,7 +296,7 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
 
 
 DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
-              "offload_chunks", "offload_param")
+              "offload_chunks", "offload_param", "ep")
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap); :func:`complete` sets them for a structure."""
 
@@ -307,9 +307,22 @@ exactly this much (differences that small are below the cost model's resolution)
 
 
 def complete(space, cand, estimate):
-    """The structure of ``cand`` with its dial knobs chosen greedily.
+    """The structure of ``cand`` with its dial knobs chosen greedily, for every expert-parallel degree of the
+    space (one walk each: ep trades expert-state memory and ZeRO traffic for all-to-alls, in either direction, so
+    it is not a step of the walk; a dense model has one degree). Returns the fastest fitting point, or None."""
+    eps = space.choices()["ep"]
+    if len(eps) == 1:
+        return _walk(space, replace(cand, ep=eps[0]) if cand.ep != eps[0] else cand, estimate)
+    best = None
+    for ep in eps:
+        done = _walk(space, replace(cand, ep=ep), estimate)
+        if done is not None and (best is None or estimate(done).tokens_per_second > estimate(best).tokens_per_second):
+            best = done
+    return best
 
-    Start from the fastest dial (no tiling, no offload) and walk towards less memory: at each point try
+
+def _walk(space, cand, estimate):
+    """Start from the fastest dial (no tiling, no offload) and walk towards less memory: at each point try
     every single memory-saving step (next tiling level, an offload, the next ZeRO stage); remember the
     fastest step that fits, and continue the walk through the step that saves the most memory per unit
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""

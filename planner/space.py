@@ -26,6 +26,9 @@ Knobs and choices
   layer by layer: cost_models/param_offload.py); only at ZeRO stage 3 and together with
   ``offload_optimizer`` -- the pairing ALST's one-GPU recipe uses: the weights are 2 B per parameter
   against the optimizer's 12 (+ gradients), so offloading them alone is never the leaner move.
+- ``ep``: expert parallelism of a mixture-of-experts model (cost_models/moe.py): the EP group of ``ep``
+  consecutive ranks (SP and DP ranks alike) splits every MoE layer's experts; 1 for a dense model, whose space
+  keeps its size.
 - ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
   no all-to-all).
 - ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
@@ -45,7 +48,8 @@ Validity rules (docs/design.md section 2)
 - ``head_pipeline`` needs at least two local query heads (heads / U) to pipeline;
 - a sequence that does not divide by sp (of lcm(sp, 2R) with a ring: 2R zigzag chunks over U ranks) is padded up
   (pad tokens carry ignored labels): valid, and :func:`padding` says how much is wasted;
-- ``loss_chunks > 1`` at ZeRO stage 3 only for untied embeddings (:func:`zero3_loss_ok`);
+- ``ep`` (mixture-of-experts models only; :func:`ep_choices`): divides the experts and the world, and, like a
+  Ulysses group, divides a node or is a multiple of its GPUs (an EP group never straddles a node part-way);
 - tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
   tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
   tiled finely (ALST tiles its MLP in about seq_len / hidden pieces); sequence chunks hold at least
@@ -91,7 +95,7 @@ MIN_TILE_TOKENS = 1024
 """A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
 launches and lose GEMM efficiency while saving memory that no longer matters."""
 
-SPACE_REVISION = 5
+SPACE_REVISION = 6
 """Bump by hand when the meaning of the space changes; the source hash below catches the rest."""
 
 SPACE_VERSION = f"{SPACE_REVISION}-{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:10]}"
@@ -211,11 +215,35 @@ def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: 
 
 
 def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
-    """The one rule that couples two knobs once sp is fixed. Under ZeRO-3 the compiler tiles the loss by
-    keeping the LM head gathered and traced inline with the loss (compiler/zero3.py); with tied
-    embeddings DeepSpeed releases that shared weight after the embedding's forward, so the pair is not
-    offered for tied models (compiler/api.py rejects it too)."""
-    return zero_stage < 3 or loss_chunks == 1 or not model.tied_embeddings
+    """Whether ZeRO-3 may tile the loss of ``model``: always. Under ZeRO-3 the compiler tiles the loss by keeping
+    the LM head gathered and traced inline with the loss (compiler/zero3.py), the input embedding too when the two
+    are tied (the one shared matrix stays gathered; the cost model charges it: memory.zero3_gathered_params). Kept
+    as the hook where a coupling of ZeRO stage and loss tiling would go."""
+    return True
+
+
+def ep_choices(model: ModelSpec, hw: HardwareSpec) -> tuple[int, ...]:
+    """The expert-parallel degrees of ``model`` on ``hw``: (1,) for a dense model; else the divisors of the world
+    that divide the experts and divide a node or are a multiple of its GPUs."""
+    if not model.n_experts:
+        return (1,)
+    per_node = hw.devices_per_node
+    return tuple(d for d in divisors(hw.world_size) if model.n_experts % d == 0
+                 and (per_node % d == 0 if d <= per_node else d % per_node == 0))
+
+
+def ep_reason(model: ModelSpec, hw: HardwareSpec, ep: int) -> str | None:
+    """Why expert-parallel degree ``ep`` is impossible for this model and cluster, or None."""
+    if ep == 1:
+        return None
+    if not model.n_experts:
+        return f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"
+    if model.n_experts % ep:
+        return f"ep={ep} does not divide the {model.n_experts} experts"
+    if ep not in ep_choices(model, hw):
+        return (f"ep={ep} does not divide the world of {hw.world_size} GPUs or would straddle a node of "
+                f"{hw.devices_per_node} GPUs part-way")
+    return None
 
 
 def overlap_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
@@ -239,8 +267,9 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
     reason = overlap_reason(model, cand.overlap, cand.ulysses)
     if reason:
         return reason
-    if not zero3_loss_ok(model, cand.zero_stage, cand.loss_chunks):
-        return "loss_chunks > 1 is not supported with zero_stage=3 for a model with tied embeddings"
+    reason = ep_reason(model, hw, cand.ep)
+    if reason:
+        return reason
     reason = chunks_reason(cand.sequence_chunks, cand.checkpointing, cand.overlap)
     if reason:
         return reason
@@ -292,7 +321,7 @@ def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
 def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
                    checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
                    overlap: str, offload_optimizer: bool = False, ring: int = 1, sequence_chunks: int = 1,
-                   offload_chunks: bool = False, offload_param: bool = False) -> Candidate:
+                   offload_chunks: bool = False, offload_param: bool = False, ep: int = 1) -> Candidate:
     """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
@@ -311,7 +340,7 @@ def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage:
                      overlap=overlap if sp > ring else "none",
                      offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
                      sequence_chunks=sequence_chunks, offload_chunks=offload_chunks,
-                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer))
+                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer), ep=ep)
 
 
 @dataclass(frozen=True)
@@ -336,6 +365,7 @@ class SearchSpace:
     sequence_chunks: tuple[int, ...] = SEQUENCE_CHUNKS
     offload_chunks: tuple[bool, ...] = OFFLOAD
     offload_param: tuple[bool, ...] = OFFLOAD
+    ep: tuple[int, ...] = (1,)
     fixed: tuple[tuple[str, object], ...] = ()
     """Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): (name, value) pairs every candidate must keep;
     their choices above are already restricted to the pinned value."""
@@ -345,7 +375,7 @@ class SearchSpace:
 
     KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
              "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks",
-             "offload_param")
+             "offload_param", "ep")
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -359,7 +389,9 @@ class SearchSpace:
         """The canonical candidate of ``knobs``, every pinned knob set to its pinned value whatever ``knobs``
         say: every strategy (warm starts, sweeps, climbs, completions) builds its candidates here, so none can
         lose a pin by accident. A pin the canonical form cannot keep beside the other knobs (activation offload
-        without checkpointing) leaves a candidate that :meth:`reason` refuses."""
+        without checkpointing) leaves a candidate that :meth:`reason` refuses. A caller that does not name ``ep``
+        gets the space's first (1 unless pinned)."""
+        knobs.setdefault("ep", self.ep[0])
         if self.fixed:
             knobs.update(self.pinned())
         return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
@@ -450,7 +482,7 @@ class SearchSpace:
                 "offload_activations": self.offload_activations, "overlap": overlap,
                 "offload_optimizer": self.offload_optimizer,
                 "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)),
-                "offload_chunks": self.offload_chunks, "offload_param": self.offload_param}
+                "offload_chunks": self.offload_chunks, "offload_param": self.offload_param, "ep": self.ep}
 
     def layouts(self):
         """The valid (sp, ring) pairs of this space, in a fixed order."""
@@ -464,10 +496,10 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            for zero, optim, param, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap in itertools.product(
+            for zero, optim, param, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap, ep in itertools.product(
                     per["zero_stage"], per["offload_optimizer"], per["offload_param"], per["micro_batch"],
                     per["checkpointing"], per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"],
-                    per["offload_chunks"], per["offload_activations"], per["overlap"]):
+                    per["offload_chunks"], per["offload_activations"], per["overlap"], per["ep"]):
                 if offload and ckpt == "none":
                     continue  # canonical: offload needs checkpointed tensors
                 if seq_off and seq == 1:
@@ -483,7 +515,7 @@ class SearchSpace:
                 yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
                                 mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
                                 offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off,
-                                offload_param=param)
+                                offload_param=param, ep=ep)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
@@ -506,7 +538,8 @@ class SearchSpace:
             n_zero_loss_optim = sum(sum(p_ok for o in optims if not o or z >= 1
                                         for p_ok in ((False in params), (True in params and param_offload_ok(z, o))))
                                     * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
-            total += n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
+            total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
+                      * len(per["ep"]))
         return total
 
     def neighbours(self, cand: Candidate):
@@ -576,7 +609,7 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
                         sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
                         micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, sequence_chunks=seq,
-                        offload_chunks=seq_off, profile=profile)
+                        offload_chunks=seq_off, ep=ep_choices(model, hw), profile=profile)
     return restrict(space, tuple(fixed)) if fixed else space
 
 
@@ -660,7 +693,7 @@ def implied_choices(space: SearchSpace) -> dict[str, tuple]:
 
 __all__ = ["CROSS_NODE_FLAG", "LOSS_CHUNKS", "MICRO_BATCHES", "MIN_SEQUENCE_CHUNK_TOKENS", "MIN_TILE_TOKENS",
            "MLP_CHUNKS", "OFFLOAD", "SEQUENCE_CHUNKS", "SPACE_REVISION", "SPACE_VERSION", "SearchSpace",
-           "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors",
+           "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors", "ep_choices", "ep_reason",
            "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "overlap_reason", "padded_length",
            "implied_choices", "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
            "sp_reason", "tile_ok", "zero3_loss_ok"]

@@ -20,7 +20,9 @@ import tomllib
 from functools import lru_cache
 from pathlib import Path
 
+from autosp.cost_models.architectures import check_config
 from autosp.cost_models.catalog.aliases import alias_table
+from autosp.cost_models.catalog.experts import moe_fields
 from autosp.cost_models.catalog.windows import sliding_layout
 from autosp.cost_models.specs import ModelSpec
 from autosp.errors import UsageError
@@ -30,7 +32,8 @@ DATA_FILE = Path(__file__).with_name("models.toml")
 
 _SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "gated_mlp",
               "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source", "sliding_window",
-              "sliding_layers")
+              "sliding_layers", "n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
+              "dense_layers", "attn_logit_softcap", "final_logit_softcap")
 
 # Hugging Face model_type values whose MLP is gated (SwiGLU / GeGLU: gate, up and down projections).
 GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
@@ -116,7 +119,10 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
 
     ``num_key_value_heads`` defaults to the number of heads, ``head_dim`` to hidden / heads,
     ``tie_word_embeddings`` to the family's default (true for Gemma, see TIED_BY_DEFAULT); Qwen2 always has q/k/v biases, Llama-style configs say so in
-    ``attention_bias``. Sliding-window layers follow transformers' rules (:mod:`~autosp.cost_models.catalog.windows`). Mixture-of-experts configs are refused (the cost model is dense-only).
+    ``attention_bias``. Sliding-window layers follow transformers' rules (:mod:`~autosp.cost_models.catalog.windows`);
+    mixture-of-experts keys (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2) :mod:`~autosp.cost_models.catalog.experts`;
+    Gemma 2's ``attn_logit_softcapping`` / ``final_logit_softcapping`` are kept. Architectures autosp does not
+    support are refused first, by name (:mod:`autosp.cost_models.architectures`).
     """
     path = os.fspath(path)
     where = path
@@ -128,13 +134,9 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
                        missing_hint="; pass a preset name (e.g. 'llama') or the path of a Hugging Face config.json")
     if not isinstance(config, dict):
         raise UsageError(f"model config {where} must hold a JSON object (a Hugging Face config.json)")
+    check_config(config, f"model config {where}")  # the architectures autosp refuses (cost_models/architectures.py)
     if "hidden_size" not in config and isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}  # multimodal wrappers
-
-    for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
-        if config.get(moe_key):
-            raise UsageError(f"model config {where} describes a mixture-of-experts model ({moe_key}="
-                             f"{config[moe_key]}); autosp plans dense decoder-only models only")
+        config = {**config["text_config"], "_name_or_path": config.get("_name_or_path")}  # text-only wrappers
 
     model_type = str(config.get("model_type", "")).lower()
     n_layers = _positive_int(config, "num_hidden_layers", where)
@@ -169,6 +171,10 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         window, windowed = sliding_layout(config, n_layers)
     except ValueError as err:
         raise UsageError(f"model config {where}: {err}") from None
+    experts = moe_fields(config, n_layers, ffn, where)
+    caps = {key: float(config.get(hf) or 0.0) for key, hf in (("attn_logit_softcap", "attn_logit_softcapping"),
+                                                              ("final_logit_softcap", "final_logit_softcapping"))
+            if isinstance(config.get(hf), (int, float)) and not isinstance(config.get(hf), bool)}
     try:
         return ModelSpec(
             name=str(name), n_layers=n_layers, hidden=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
@@ -176,7 +182,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
             tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
             qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
             max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path),
-            sliding_window=window, sliding_layers=windowed)
+            sliding_window=window, sliding_layers=windowed, **experts, **caps)
     except ValueError as err:
         raise UsageError(f"invalid model config {where}: {err}") from None
 

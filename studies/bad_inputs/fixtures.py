@@ -318,6 +318,17 @@ fixture("cfg-kv.json", "8 heads, 3 key/value heads")(
     _config(lambda c: c.update(num_attention_heads=8, num_key_value_heads=3)))
 fixture("cfg-moe.json", "a mixture-of-experts config (num_local_experts = 8)")(
     _config(lambda c: c.update(num_local_experts=8)))
+fixture("cfg-hybrid.json", "a Qwen3-Next config (Gated DeltaNet linear-attention layers)")(
+    _config(lambda c: c.update(model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"],
+                               layer_types=["linear_attention"] * (c["num_hidden_layers"] - 1) + ["full_attention"])))
+fixture("cfg-t5.json", "a T5 config (encoder-decoder)")(
+    _config(lambda c: c.update(model_type="t5", architectures=["T5ForConditionalGeneration"], is_encoder_decoder=True)))
+fixture("cfg-vl.json", "a Qwen2.5-VL config (vision_config)")(
+    _config(lambda c: c.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"],
+                               vision_config={"depth": 2})))
+fixture("cfg-mla.json", "a DeepSeek-V2 config (multi-head latent attention, kv_lora_rank = 16)")(
+    _config(lambda c: c.update(model_type="deepseek_v2", kv_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32)))
 fixture("cfg-vocab-str.json", "vocab_size = \"big\"")(_config(lambda c: c.update(vocab_size="big")))
 fixture("cfg-layers-float.json", "num_hidden_layers = 2.5")(_config(lambda c: c.update(num_hidden_layers=2.5)))
 fixture("cfg-unknown-type.json", "model_type = \"nosuchmodel\"")(_config(lambda c: c.update(model_type="nosuchmodel")))

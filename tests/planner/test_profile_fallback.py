@@ -2,9 +2,10 @@
 
 Gemma-2 used to be planned with the Llama-block formulas without a word in the plan, with 10.16B
 parameters instead of 9.24B (its config omits tie_word_embeddings, which Gemma ties by default), and was
-traced again on every run. autosp-train cannot train it (transformers runs its attention outside SDPA),
-so the planner now refuses it in one line, once traced; a fallback that is taken is said in one line and
-recorded in the plan.
+traced again on every run. Its soft-capped attention runs outside SDPA in transformers, so it is now priced by
+the formulas that describe it (cost_models/softcap.py; issue 22) without a trace; a fallback that is taken is
+said in one line and recorded in the plan (shown here with the same config without soft-capping, which goes
+through the trace).
 """
 
 import json
@@ -24,6 +25,7 @@ GEMMA2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "at
              "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8,
              "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
              "vocab_size": 256000}  # google/gemma-2-9b config.json (no tie_word_embeddings key)
+GEMMA2_UNCAPPED = {k: v for k, v in GEMMA2_9B.items() if "softcapping" not in k}
 TINY_GEMMA2 = dict(GEMMA2_9B, head_dim=16, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                    num_hidden_layers=2, num_key_value_heads=2, vocab_size=97)
 
@@ -53,19 +55,18 @@ def _plan(config, tmp_path, *extra, block_transformers=False):
 
 
 @pytest.mark.slow
-def test_gemma2_is_refused_in_one_line_and_not_traced_again(tmp_path):
+def test_gemma2_is_planned_by_its_formulas_without_a_trace(tmp_path):
     config = _config(tmp_path, TINY_GEMMA2)
-    first = _plan(config, tmp_path)
-    assert first.returncode == 2 and "Traceback" not in first.stderr
-    error = [ln for ln in first.stderr.splitlines() if ln.startswith("autosp-plan: error:")]
-    assert len(error) == 1 and "Gemma2ForCausalLM" in error[0] and "plan a model whose attention does" in error[0]
-    again = _plan(config, tmp_path)
-    assert again.returncode == 2 and again.stderr.splitlines()[0] == error[0]  # the verdict, without a trace
-    assert "tracing" not in again.stderr and again.stderr.strip().endswith("torch imported: False")
+    out = _plan(config, tmp_path, "--json")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "tracing" not in out.stderr and out.stderr.strip().endswith("torch imported: False")
+    plan = json.loads(out.stdout)
+    assert plan["model"]["source"].startswith("analytic formulas (logit soft-capping, not traced)")
+    assert plan["model"]["attn_logit_softcap"] == 50.0 and plan["model"]["final_logit_softcap"] == 30.0
 
 
 def test_without_transformers_the_fallback_is_said_once_and_recorded_in_the_plan(tmp_path):
-    config = _config(tmp_path, GEMMA2_9B)
+    config = _config(tmp_path, GEMMA2_UNCAPPED)
     out = _plan(config, tmp_path, "--json", block_transformers=True)
     assert out.returncode == 0, out.stderr
     said = [ln for ln in out.stderr.splitlines() if ln.startswith("autosp-plan:")]
@@ -77,7 +78,7 @@ def test_without_transformers_the_fallback_is_said_once_and_recorded_in_the_plan
 
 
 def test_the_report_shows_the_fallback(tmp_path):
-    out = _plan(_config(tmp_path, GEMMA2_9B), tmp_path, block_transformers=True)
+    out = _plan(_config(tmp_path, GEMMA2_UNCAPPED), tmp_path, block_transformers=True)
     assert out.returncode == 0, out.stderr
     assert "priced with the analytic Llama-block formulas: transformers is not installed" in out.stdout
 

@@ -1,0 +1,270 @@
+"""Mixture-of-experts costs: parameters (total and active), expert parallelism, dispatch/combine all-to-alls.
+
+Pure functions of plain numbers (no torch): memory.py, flops.py, step_time.py and the analytic profile call them
+through small hooks, and they return 0 (or the dense answer) for a dense model. docs/cost_model.md, "Mixture of
+experts", derives every term.
+
+The model (ModelSpec fields ``n_experts`` E, ``experts_per_token`` k, ``expert_ffn_hidden`` f_e,
+``shared_ffn_hidden`` f_s, ``dense_layers``): every MoE layer has a router (h x E, no bias: Mixtral, Qwen3-MoE,
+OLMoE and DeepSeek-V2 alike), E routed experts of m x h x f_e weights (m = 3 gated, 2 not) and, with f_s > 0,
+shared experts of m x h x f_s every token uses. A token runs through its k routed experts: the active MLP is
+router + shared + k experts.
+
+Expert parallelism (``Candidate.ep``): the ep consecutive ranks of an EP group (SP and DP ranks alike: all hold
+distinct tokens) hold E / ep experts each. Every MoE layer sends each local token's k copies to the ranks of its
+experts (dispatch) and the expert outputs back (combine): 2 all-to-alls in the forward, 2 in the backward (their
+gradients), 2 more when the policy recomputes the MLP. Expert states are sharded by ep first, then by ZeRO over
+the sp x dp / ep ranks that hold the same experts (the expert-data-parallel group); the rest of the model is
+sharded by ZeRO over all sp x dp ranks as for a dense model.
+
+Load imbalance: Hugging Face's MoE blocks drop no token, so the most loaded rank of an EP group receives more
+than the mean s x k token copies. :data:`CAPACITY_FACTOR` is the margin priced for it (on that rank's expert
+compute, expert-side activations and all-to-all bytes); with ep = 1 every rank runs all its own copies and
+there is no imbalance between ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CAPACITY_FACTOR", "EXPERT_KEPT_PER_WIDTH", "INDEX_BYTES", "MoeShape", "PERMUTATION_COPIES", "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
+           "check_spec", "dispatch_buffer_bytes", "dispatch_bytes", "expert_params", "expert_state_bytes",
+           "gathered_layer_params", "imbalance_flops_forward", "kept_bytes_per_token", "layout", "mean_active_ffn",
+           "mean_router_params", "moe_layer_kept", "moe_mlp_params", "optimizer_params", "transient_bytes_per_token"]
+
+CAPACITY_FACTOR = 1.25
+"""Tokens the most loaded rank of an EP group receives, relative to the mean (s x k copies per rank). Switch
+Transformer (arXiv 2101.03961, section 2.2 and Table 1) trains with capacity factors 1.0-1.25 and shows that a
+load-balancing loss keeps the busiest expert within them; 1.25 is its training setting. A dropless block has no
+capacity to enforce, so the margin is what the busiest rank pays in compute, memory and all-to-all bytes."""
+
+ROUTER_FIXED_BYTES_PER_EXPERT = 4
+"""The router's fp32 softmax probabilities (softmax in fp32, kept for its backward): 4 B per token and expert."""
+
+INDEX_BYTES = 8
+"""The top-k expert indices (int64) kept per token copy."""
+
+PERMUTATION_COPIES = 3
+"""h-wide tensors a routed token copy keeps for the backward: its gathered input (the expert's first matmul), the
+expert's output (multiplied by the routing weight) and the weighted output (which the combine's ``index_add_``
+keeps), measured on Hugging Face's Qwen3-MoE and Mixtral blocks by studies/moe_costs.py."""
+
+
+def _m(model) -> int:
+    return 3 if model.gated_mlp else 2
+
+
+def check_spec(model) -> None:
+    """ValueError unless the ModelSpec's mixture-of-experts fields describe a model (or are all unset)."""
+    E, k, fe, fs = model.n_experts, model.experts_per_token, model.expert_ffn_hidden, model.shared_ffn_hidden
+    for name in ("n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
+    if not E:
+        if k or fe or fs or model.dense_layers:
+            raise ValueError("ModelSpec.experts_per_token, expert_ffn_hidden, shared_ffn_hidden and dense_layers "
+                             "describe experts: they need n_experts > 0")
+    else:
+        if not 1 <= k <= E:
+            raise ValueError(f"ModelSpec.experts_per_token must be in [1, n_experts={E}], got {k!r}")
+        if fe < 1:
+            raise ValueError("ModelSpec.expert_ffn_hidden must be positive for a mixture-of-experts model")
+        layers = model.dense_layers
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.n_layers for i in layers) \
+                or list(layers) != sorted(set(layers)) or len(layers) >= model.n_layers:
+            raise ValueError(f"ModelSpec.dense_layers must be increasing layer indices in [0, {model.n_layers}) "
+                             f"leaving at least one MoE layer, got {list(layers)!r}")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative number, got {value!r}")
+
+
+def moe_mlp_params(model, active: bool = False) -> int:
+    """Parameters of one MoE layer's MLP: router + shared experts + every routed expert (``active``: the k a
+    token uses)."""
+    h, m = model.hidden, _m(model)
+    routed = model.experts_per_token if active else model.n_experts
+    return h * model.n_experts + m * h * model.shared_ffn_hidden + routed * m * h * model.expert_ffn_hidden
+
+
+def expert_params(model) -> int:
+    """Parameters of all routed experts of the model (what expert parallelism shards)."""
+    return model.moe_layers * model.n_experts * _m(model) * model.hidden * model.expert_ffn_hidden
+
+
+def active_params(model) -> int:
+    """Parameters one token uses: every parameter but the n_experts - k routed experts it skips per MoE layer."""
+    skipped = model.moe_layers * (model.n_experts - model.experts_per_token) * _m(model) * model.hidden \
+        * model.expert_ffn_hidden
+    return model.n_params() - skipped
+
+
+def mean_active_ffn(model) -> float:
+    """The MLP width a token runs through, averaged over the layers: k x f_e + f_s in MoE layers, ffn_hidden in
+    dense ones. The activation and matmul formulas of a dense MLP of this width price the active experts."""
+    if not model.n_experts:
+        return float(model.ffn_hidden)
+    moe = model.experts_per_token * model.expert_ffn_hidden + model.shared_ffn_hidden
+    return (model.moe_layers * moe + (model.n_layers - model.moe_layers) * model.ffn_hidden) / model.n_layers
+
+
+def mean_router_params(model) -> float:
+    """Router weights per layer, averaged over the layers (its matmul runs on every token)."""
+    return model.moe_layers * model.hidden * model.n_experts / model.n_layers if model.n_experts else 0.0
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The numbers the MoE costs need for one (model, candidate): experts, widths, EP degree and margin."""
+
+    E: int
+    k: int
+    h: int
+    fe: int
+    m: int
+    moe_layers: int
+    L: int
+    ep: int
+    world: int
+    expert_params: int
+
+    @property
+    def cf(self) -> float:
+        """The load-imbalance margin of the busiest rank (1 without expert parallelism)."""
+        return CAPACITY_FACTOR if self.ep > 1 else 1.0
+
+    @property
+    def expert_layer_params(self) -> int:
+        """Routed-expert parameters of one MoE layer."""
+        return self.E * self.m * self.h * self.fe
+
+
+def layout(model, cand) -> MoeShape | None:
+    """The MoE shape of ``model`` under ``cand`` (None for a dense model); ValueError when ``cand.ep`` cannot
+    split the experts."""
+    ep = getattr(cand, "ep", 1)
+    if not model.n_experts:
+        if ep > 1:
+            raise ValueError(f"ep={ep} needs a mixture-of-experts model; {model.name} is dense")
+        return None
+    if model.n_experts % ep:
+        raise ValueError(f"ep={ep} does not divide the {model.n_experts} experts of {model.name}")
+    return MoeShape(E=model.n_experts, k=model.experts_per_token, h=model.hidden, fe=model.expert_ffn_hidden,
+                    m=_m(model), moe_layers=model.moe_layers, L=model.n_layers, ep=ep, world=cand.sp * cand.dp,
+                    expert_params=expert_params(model))
+
+
+# --- model states -----------------------------------------------------------------------------------------------
+
+def expert_state_bytes(ms: MoeShape, stage: int, dtype: str, offload_optimizer: bool,
+                       offload_param: bool) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes of routed experts on one GPU: its E / ep experts of every MoE
+    layer, sharded by ZeRO ``stage`` over the world / ep ranks holding the same experts (ZeRO-Offload and
+    parameter offload move them to the host like the rest of the model)."""
+    w, g, o = (2, 2, 12) if dtype == "bf16" else (4, 4, 8)
+    psi = ms.expert_params / ms.ep
+    nd = ms.world // ms.ep
+    weights = psi * w / nd if stage >= 3 else psi * w
+    grads = psi * g / nd if stage >= 2 else psi * g
+    optim = psi * o / nd if stage >= 1 else psi * o
+    if offload_optimizer:
+        optim = 0.0
+        if stage >= 2:
+            grads = 0.0
+    if offload_param and stage == 3:
+        weights = 0.0  # the partition lives on the host; the gathered layer is counted with the parameters
+    return weights, grads, optim
+
+
+def gathered_layer_params(ms: MoeShape, layer_params: float) -> float:
+    """The parameters of one MoE layer ZeRO-3 gathers for its forward or backward: all but the routed experts, and
+    the E / ep experts of this rank (experts are never gathered across EP ranks)."""
+    return layer_params - ms.expert_layer_params * (1.0 - 1.0 / ms.ep)
+
+
+def optimizer_params(ms: MoeShape | None, n_params: float, stage: int) -> float:
+    """Parameters whose Adam step one GPU runs, before ZeRO's 1/N_d (flops.optimizer_bytes divides at stage >= 1):
+    without ZeRO a rank updates only its E / ep experts. At ZeRO >= 1 the expert shard is expert_params / world as
+    for the rest, so n_params is unchanged."""
+    if ms is None or stage >= 1:
+        return n_params
+    return n_params - ms.expert_params * (1.0 - 1.0 / ms.ep)
+
+
+# --- activations --------------------------------------------------------------------------------------------------
+
+EXPERT_KEPT_PER_WIDTH = {"none": 4, "selective": 2}
+"""Elements per token copy and unit of f_e an expert keeps (the analytic dense MLP's: gate, SiLU, up and their
+product under none; gate and up under selective)."""
+
+
+def moe_layer_kept(ms: MoeShape, e: int, policy: str) -> float:
+    """Bytes per local token one MoE layer keeps beyond a dense MLP of the active width (mean_active_ffn), under
+    ``policy``: the router's logits (E, training dtype, kept for the auxiliary loss and the softmax backward), its
+    fp32 probabilities (4E B) and top-k indices (8k B), and the permutation buffers: each token copy's gathered
+    input, its expert output and the weighted output (:data:`PERMUTATION_COPIES` x k x h). With ep > 1 the busiest rank holds CF times
+    the expert-side tensors: the permutation buffers and the experts' intermediates (the profile charges the mean,
+    this the margin's extra share). sequence/full recompute the MLP: 0."""
+    if policy in ("sequence", "full"):
+        return 0.0
+    permutation = PERMUTATION_COPIES * ms.k * ms.h
+    intermediates = EXPERT_KEPT_PER_WIDTH[policy] * ms.k * ms.fe
+    router = ms.E * e + ROUTER_FIXED_BYTES_PER_EXPERT * ms.E + INDEX_BYTES * ms.k
+    return router + ms.cf * permutation * e + (ms.cf - 1.0) * intermediates * e
+
+
+def kept_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
+    """:func:`moe_layer_kept` averaged over all layers (dense layers keep none of it): the per-layer kept set
+    memory.py multiplies by the layer count."""
+    if ms is None:
+        return 0.0
+    return ms.moe_layers / ms.L * moe_layer_kept(ms, e, policy)
+
+
+def transient_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
+    """Bytes per local token a MoE layer's backward holds on top of the profile's MLP phase: the router and
+    permutation tensors its recompute rebuilds (sequence, full; the other policies keep them already)."""
+    if ms is None or policy not in ("sequence", "full"):
+        return 0.0
+    return moe_layer_kept(ms, e, "none")
+
+
+# --- communication ------------------------------------------------------------------------------------------------
+
+def dispatch_bytes(ms: MoeShape | None, s: float, e: int) -> float:
+    """Bytes one GPU sends in one dispatch (or combine) all-to-all of one MoE layer: its s x k token copies of h
+    elements, the (ep - 1) / ep of them whose experts live on other ranks, times the busiest rank's margin."""
+    if ms is None or ms.ep <= 1:
+        return 0.0
+    return s * ms.k * ms.h * e * ms.cf * (ms.ep - 1) / ms.ep
+
+
+def a2a_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
+    """The dispatch staging one MoE layer holds while it runs: the send and receive buffers of the s x k token
+    copies (the receive side at the busiest rank's margin); 0 without expert parallelism (copies are gathered in
+    place)."""
+    if ms is None or ms.ep <= 1:
+        return 0.0
+    return s * ms.k * ms.h * e * (1.0 + ms.cf)
+
+
+def all_to_alls_per_layer(recomputed_forwards: int) -> int:
+    """Dispatch + combine in the forward and in the backward (4), and 2 more per recomputed MLP forward."""
+    return 4 + 2 * recomputed_forwards
+
+
+def dispatch_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
+    """The buffer one dispatch or combine all-to-all exchanges per rank: its s x k token copies of h elements at the
+    busiest rank's margin (comm.expert_all_to_all_time prices it on the EP group's links); 0 without EP."""
+    if ms is None or ms.ep <= 1:
+        return 0.0
+    return s * ms.k * ms.h * e * ms.cf
+
+
+def imbalance_flops_forward(ms: MoeShape | None, s: float) -> float:
+    """Extra expert matmul FLOPs of the busiest EP rank in one forward: (CF - 1) x its mean share."""
+    if ms is None or ms.ep <= 1:
+        return 0.0
+    return (ms.cf - 1.0) * 2.0 * s * ms.k * ms.m * ms.h * ms.fe * ms.moe_layers

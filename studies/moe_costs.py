@@ -1,0 +1,248 @@
+"""The mixture-of-experts cost terms, measured on CPU next to the cost model's prediction (issue 22's evidence).
+
+    python -m studies.moe_costs              # ~1 minute on 2 cores (4 gloo processes)
+
+Three rows per configuration, each "predicted / measured":
+
+1. **router and permutation buffers** (cost_models/moe.py ``moe_layer_kept`` plus the active-width MLP terms of
+   the analytic profile): the bytes a Hugging Face ``Qwen3MoeSparseMoeBlock`` and ``MixtralSparseMoeBlock`` (tiny
+   configs, fp32, eager, the transformers installed) save for their backward, counted with
+   ``torch.autograd.graph.saved_tensors_hooks`` and de-duplicated by storage, leaving out parameters and the block
+   input (the layer's kept set counts it already);
+2. **dispatch all-to-all volume** (``moe.dispatch_bytes``): 4 gloo processes each route their own tokens with the
+   block's real router (top-k of the softmax), sort the token copies by the rank owning their expert (ep = 2 and
+   4, experts split evenly) and exchange them with ``all_to_all_single``; measured: the bytes each rank sends to
+   other ranks (mean and busiest), predicted: s x k x h x e x (ep-1)/ep, and at the busiest rank the capacity
+   factor margin;
+3. **expert states** (``moe.expert_state_bytes``): each rank keeps the E/ep experts of its EP group and, for ZeRO
+   stage 1 / 2 over the world/ep ranks holding the same experts, the AdamW states (and gradients) of its 1/(world/ep)
+   partition of them; measured: the bytes of the tensors it really holds after one AdamW step.
+
+None of this runs the compiler's expert parallelism (branch ``moec``): the dispatch here is plain
+torch.distributed, and the compiled EP step's memory and all-to-all timing need that branch (and a GPU for time).
+Writes studies/results/moe_costs.{txt,json}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORLD = 4
+TOKENS = 512          # tokens per rank
+SEED = 0
+
+TINY_QWEN3_MOE = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                      num_experts=8, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=97, norm_topk_prob=True)
+TINY_MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=32, num_local_experts=8,
+                    num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    vocab_size=97)
+
+
+def _spec(config: dict):
+    import tempfile
+
+    from autosp.cost_models.catalog.models import model_from_hf_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        return model_from_hf_config(path)
+
+
+def _block(config: dict):
+    import torch
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(**config)
+    torch.manual_seed(SEED)
+    if config["model_type"] == "mixtral":
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as Block
+    else:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as Block
+    block = Block(cfg).float()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return block
+
+
+def saved_bytes_per_token(config: dict) -> tuple[float, dict]:
+    """Bytes per token the MoE block saves for backward (measured), and what they are."""
+    import torch
+
+    block = _block(config)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    x = torch.randn(1, TOKENS, config["hidden_size"], requires_grad=True)
+    seen, kinds = {}, {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr != x.untyped_storage().data_ptr() and ptr not in seen:
+            seen[ptr] = t.untyped_storage().nbytes()
+            key = f"{str(t.dtype).replace('torch.', '')}"
+            kinds[key] = kinds.get(key, 0) + t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = block(x)
+    out.sum().backward()
+    return sum(seen.values()) / TOKENS, {k: v / TOKENS for k, v in kinds.items()}
+
+
+def predicted_saved_bytes(spec) -> tuple[float, float]:
+    """(analytic MLP kept set at the active width, MoE extras) per token of one MoE layer, fp32, policy none."""
+    from autosp.cost_models import moe
+    from autosp.cost_models.profile import analytic_profile
+    from autosp.cost_models.specs import Candidate
+
+    prof = analytic_profile(spec)
+    mlp = prof.kept_mlp[0].other * 4                      # 4 x (k x f_e) elements, fp32
+    extra = moe.moe_layer_kept(moe.layout(spec, Candidate(sp=1)), 4, "none")
+    return mlp, extra
+
+
+# --- the gloo part --------------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, config: dict, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    block = _block(config)                               # the same router and experts on every rank (same seed)
+    torch.manual_seed(SEED + 1 + rank)                   # each rank its own tokens
+    x = torch.randn(TOKENS, config["hidden_size"])
+    h, E = config["hidden_size"], block.experts.num_experts if hasattr(block.experts, "num_experts") else \
+        config["num_local_experts"]
+    k = config["num_experts_per_tok"]
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(x, block.gate.weight)
+        _, experts = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), k, dim=-1)
+    rows = {"a2a": [], "states": []}
+    for ep in (2, 4):
+        owner = (experts // (E // ep)).flatten()         # EP rank (inside this rank's EP group) of each token copy
+        group_base = rank // ep * ep
+        copies = x.repeat_interleave(k, dim=0)
+        order = torch.argsort(owner, stable=True)
+        send_counts = torch.bincount(owner, minlength=ep)
+        splits = [0] * WORLD
+        for j in range(ep):
+            splits[group_base + j] = int(send_counts[j])
+        recv = torch.zeros(WORLD, dtype=torch.long)
+        dist.all_to_all_single(recv, torch.tensor(splits, dtype=torch.long), [1] * WORLD, [1] * WORLD)
+        received = torch.empty(int(recv.sum()), h)
+        dist.all_to_all_single(received, copies[order].contiguous(), recv.tolist(), splits)
+        sent_off = sum(splits[j] for j in range(WORLD) if j != rank) * h * 4
+        got_off = (int(recv.sum()) - int(recv[rank])) * h * 4
+        rows["a2a"].append({"ep": ep, "rank": rank, "sent_bytes": sent_off, "received_bytes": got_off,
+                            "received_copies": int(recv.sum())})
+    # expert states: this rank's E/ep experts (of the 2 MoE layers), ZeRO over the world/ep ranks holding them
+    experts_params = [p for n, p in block.named_parameters() if "experts" in n]
+    per_layer = sum(p.numel() for p in experts_params)
+    layers = config["num_hidden_layers"]
+    for ep in (1, 2, 4):
+        nd = WORLD // ep
+        local = per_layer * layers // ep                 # the rank's experts, all MoE layers
+        shard = local // nd                              # its ZeRO partition of them
+        for stage in (1, 2, 3):
+            weights = torch.zeros(shard if stage == 3 else local)
+            partition = torch.zeros(shard, requires_grad=True)
+            partition.grad = torch.zeros(shard)
+            grads = torch.zeros(shard if stage >= 2 else local)   # stage 1 reduces full gradients
+            optim = torch.optim.AdamW([partition], lr=1e-3)
+            optim.step()
+            state = sum(t.numel() * t.element_size() for s in optim.state.values() for t in s.values()
+                        if torch.is_tensor(t) and t.dim() > 0)
+            # fp32 training: weights are the master copy (Adam m and v are the optimizer states)
+            rows["states"].append({"ep": ep, "stage": stage, "rank": rank,
+                                   "weights": weights.numel() * 4, "grads": grads.numel() * 4, "optim": state,
+                                   "expert_params": per_layer * layers})
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump(rows, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def distributed(config: dict, tmp: str) -> dict:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(_free_port(), config, tmp), nprocs=WORLD, join=True)
+    rows = {"a2a": [], "states": []}
+    for rank in range(WORLD):
+        with open(f"{tmp}.{rank}.json") as f:
+            data = json.load(f)
+        for key in rows:
+            rows[key] += data[key]
+    return rows
+
+
+def main() -> int:
+    import tempfile
+
+    from autosp.cost_models import moe
+    from autosp.cost_models.specs import Candidate
+
+    report, lines = {}, ["MoE cost terms: predicted by the cost model vs measured on CPU (fp32, transformers "
+                         "eager blocks, gloo world 4); ratio = predicted / measured", ""]
+    for name, config in (("qwen3_moe", TINY_QWEN3_MOE), ("mixtral", TINY_MIXTRAL)):
+        spec = _spec(config)
+        measured, kinds = saved_bytes_per_token(config)
+        mlp, extra = predicted_saved_bytes(spec)
+        lines.append(f"{name}: h={spec.hidden} E={spec.n_experts} k={spec.experts_per_token} "
+                     f"f_e={spec.expert_ffn_hidden}, {TOKENS} tokens per rank")
+        lines.append(f"  saved for backward per token (MoE block)  predicted {mlp + extra:8.0f} B "
+                     f"(experts {mlp:.0f} + router/permutation {extra:.0f})  measured {measured:8.0f} B  "
+                     f"ratio {(mlp + extra) / measured:.3f}   by dtype {', '.join(f'{k} {v:.0f}' for k, v in kinds.items())}")
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = distributed(config, os.path.join(tmp, "rank"))
+        entry = {"saved_per_token": {"predicted": mlp + extra, "measured": measured, "by_dtype": kinds},
+                 "a2a": [], "states": []}
+        for ep in (2, 4):
+            mine = [r for r in rows["a2a"] if r["ep"] == ep]
+            ms = moe.layout(spec, Candidate(sp=WORLD, ep=ep))
+            mean_pred = moe.dispatch_bytes(ms, TOKENS, 4) / ms.cf
+            busiest_pred = moe.dispatch_bytes(ms, TOKENS, 4)
+            mean = sum(r["sent_bytes"] for r in mine) / len(mine)
+            busiest = max(r["received_bytes"] for r in mine)
+            lines.append(f"  dispatch all-to-all, ep={ep}: bytes sent off-rank per rank  predicted mean "
+                         f"{mean_pred:9.0f}  measured mean {mean:9.0f}  ratio {mean_pred / mean:.3f};  busiest rank "
+                         f"receives {busiest:9.0f} (predicted with CF {moe.CAPACITY_FACTOR}: {busiest_pred:9.0f}, "
+                         f"ratio {busiest_pred / busiest:.3f})")
+            entry["a2a"].append({"ep": ep, "predicted_mean": mean_pred, "measured_mean": mean,
+                                 "predicted_busiest": busiest_pred, "measured_busiest": busiest})
+        for ep in (1, 2, 4):
+            for stage in (1, 2, 3):
+                mine = [r for r in rows["states"] if r["ep"] == ep and r["stage"] == stage]
+                measured_total = max(r["weights"] + r["grads"] + r["optim"] for r in mine)
+                ms = moe.layout(spec, Candidate(sp=WORLD, ep=ep))
+                pred = sum(moe.expert_state_bytes(ms, stage, "fp32", False, False))
+                lines.append(f"  expert states ep={ep} ZeRO-{stage}: predicted {pred:9.0f} B  measured {measured_total:9.0f} B"
+                             f"  ratio {pred / measured_total:.3f}")
+                entry["states"].append({"ep": ep, "stage": stage, "predicted": pred, "measured": measured_total})
+        report[name] = entry
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    from autosp.files import write_text
+
+    RESULTS.mkdir(exist_ok=True)
+    write_text(RESULTS / "moe_costs.txt", text + "\n")
+    write_text(RESULTS / "moe_costs.json", json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

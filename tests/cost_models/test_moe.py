@@ -1,0 +1,215 @@
+"""Mixture of experts in the cost model (issue 22): parameter counts of the real models, FLOPs from the active
+experts, expert states sharded by ep then ZeRO, the dispatch/combine all-to-all volume, the architecture list."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from autosp.cost_models import architectures, comm, moe
+from autosp.cost_models.catalog.hardware import resolve_hardware
+from autosp.cost_models.catalog.models import preset_info, resolve_model
+from autosp.cost_models.estimate import estimate
+from autosp.cost_models.shapes import Shapes
+from autosp.cost_models.specs import Candidate, Workload
+from autosp.errors import UsageError
+
+GIB = 2 ** 30
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9),    # model card: 30.5B total, 3.3B activated
+    ("mixtral-8x7b", 46.7e9, 12.9e9),    # mistral.ai: 46.7B total, 12.9B per token
+])
+def test_total_and_active_parameters_match_the_real_models(name, total, active):
+    spec = resolve_model(name)
+    assert abs(spec.n_params() / total - 1) < 0.005 and abs(moe.active_params(spec) / active - 1) < 0.02
+    assert preset_info(name)["published_active_params"] == active
+    # exact: Mixtral = 32 x (attention 41.9M + router 4096 x 8 + 8 experts x 3 x 4096 x 14336 + 2 norms) + 2 x 32000 x 4096
+    if name == "mixtral-8x7b":
+        assert spec.n_params() == 46_702_792_704 and moe.active_params(spec) == 12_879_925_248
+
+
+def test_flops_come_from_the_active_experts():
+    spec = resolve_model("qwen3-30b-a3b")
+    sh = Shapes(spec, Workload(8192), Candidate(sp=8))
+    # matmul work per token (parameter equivalents) = active parameters less the embedding lookup (a gather)
+    active_matmul = moe.active_params(spec) - spec.vocab * spec.hidden - spec.n_layers * 2 * spec.hidden - spec.hidden
+    assert sh.dense_params == pytest.approx(active_matmul, rel=1e-9)
+    assert sh.dense_params < 0.12 * spec.n_params()
+    dense_twin = replace(spec, n_experts=0, experts_per_token=0, expert_ffn_hidden=0, ffn_hidden=8 * 768)
+    # a dense MLP as wide as the k active experts has the same FLOPs, less the router
+    assert sh.dense_params - Shapes(dense_twin, Workload(8192), Candidate(sp=8)).dense_params == \
+        spec.n_layers * spec.hidden * spec.n_experts
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_expert_states_are_sharded_by_ep_then_by_zero(stage):
+    spec, hw = resolve_model("mixtral-8x7b"), resolve_hardware("h100x8")
+    experts = moe.expert_params(spec)
+    assert experts == 32 * 8 * 3 * 4096 * 14336
+    for ep in (1, 2, 4, 8):
+        cand = Candidate(sp=8, zero_stage=stage, ep=ep, checkpointing="full")
+        e = estimate(spec, hw, Workload(32768), cand)
+        psi, nd = experts / ep, 8 // ep                     # E/ep experts, ZeRO over world/ep ranks
+        weights = psi * 2 / nd if stage == 3 else psi * 2
+        grads = psi * 2 / nd if stage >= 2 else psi * 2
+        optim = psi * 12 / nd if stage >= 1 else psi * 12
+        loss_phase = any("loss phase" in n for n in e.notes)
+        assert e.memory.expert_states == pytest.approx(weights + (0 if loss_phase else grads) + optim)
+        # the rest of the model: ZeRO over all 8 ranks, whatever ep
+        rest = spec.n_params() - experts
+        assert e.memory.optimizer_states == pytest.approx(rest * 12 / 8 if stage >= 1 else rest * 12)
+
+
+def test_zero3_gathers_only_this_ranks_experts():
+    spec = resolve_model("qwen3-30b-a3b")
+    layer = spec.layer_params()
+    one = Shapes(spec, Workload(8192), Candidate(sp=8, ep=1, zero_stage=3))
+    eight = Shapes(spec, Workload(8192), Candidate(sp=8, ep=8, zero_stage=3))
+    assert moe.gathered_layer_params(one.moe, layer) == layer
+    assert moe.gathered_layer_params(eight.moe, layer) == layer - 128 * 3 * 2048 * 768 * 7 / 8
+
+
+def test_all_to_all_volume_formula():
+    spec, hw = resolve_model("qwen3-30b-a3b"), resolve_hardware("h100x8")
+    S, ep = 65536, 4
+    sh = Shapes(spec, Workload(S), Candidate(sp=8, ep=ep))
+    s = S // 8
+    # each rank sends its s x k token copies of h bf16 elements, (ep-1)/ep of them off-rank, x the margin
+    sent = moe.dispatch_bytes(sh.moe, sh.s, 2)
+    assert sent == s * 8 * 2048 * 2 * moe.CAPACITY_FACTOR * 3 / 4
+    assert moe.dispatch_bytes(Shapes(spec, Workload(S), Candidate(sp=8)).moe, s, 2) == 0  # no EP, no traffic
+    # 4 all-to-alls per MoE layer per step (dispatch + combine, forward and backward), 6 when the MLP is recomputed
+    t = comm.expert_all_to_all_time(hw, sh.moe, sh.s, 2, 0, 1)
+    one = hw.intra_node_latency + sent / (hw.intra_node_bandwidth * hw.comm_efficiency)
+    assert t == pytest.approx(48 * 4 * one)
+    assert comm.expert_all_to_all_time(hw, sh.moe, sh.s, 2, 1, 1) == pytest.approx(48 * 6 * one)
+    none = estimate(spec, hw, Workload(S), Candidate(sp=8, checkpointing="none", ep=ep))
+    full = estimate(spec, hw, Workload(S), Candidate(sp=8, checkpointing="full", ep=ep))
+    assert none.time.expert_comm == pytest.approx(t) and full.time.expert_comm == pytest.approx(1.5 * t)
+    # across nodes: an EP group of 16 over 2 nodes sends 8/16 of its copies over the scale-out network
+    two = resolve_hardware("h100x8", nodes=2)
+    sh16 = Shapes(spec, Workload(S), Candidate(sp=16, ep=16))
+    buffer = sh16.s * 8 * 2048 * 2 * moe.CAPACITY_FACTOR
+    inter = buffer * 8 / 16 / (two.inter_node_bandwidth * two.comm_efficiency)
+    assert comm.expert_all_to_all_time(two, sh16.moe, sh16.s, 2, 0, 1) == pytest.approx(48 * 4 * (two.inter_node_latency
+                                                                                           + inter))
+
+
+def test_router_and_permutation_buffers_in_the_kept_activations():
+    spec = resolve_model("qwen3-30b-a3b")
+    sh = Shapes(spec, Workload(8192), Candidate(sp=1))
+    kept = moe.moe_layer_kept(sh.moe, 2, "none")
+    # router logits (E bf16) + fp32 probabilities (4E) + int64 top-k indices + 3 x k x h permutation buffers
+    # (gathered input, expert output, weighted output: measured by studies/moe_costs.py)
+    assert kept == 128 * 2 + 4 * 128 + 8 * 8 + 3 * 8 * 2048 * 2
+    assert moe.moe_layer_kept(sh.moe, 2, "full") == 0
+    ep = Shapes(spec, Workload(8192), Candidate(sp=8, ep=8)).moe
+    margin = moe.CAPACITY_FACTOR - 1
+    assert moe.moe_layer_kept(ep, 2, "none") - kept == pytest.approx(margin * (3 * 8 * 2048 + 4 * 8 * 768) * 2)
+
+
+def test_dense_models_are_unchanged_and_refuse_ep():
+    llama, hw = resolve_model("llama"), resolve_hardware("h100x8")
+    e = estimate(llama, hw, Workload(32768), Candidate(sp=8))
+    assert e.memory.expert_states == 0 and e.time.expert_comm == 0
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        estimate(llama, hw, Workload(32768), Candidate(sp=8, ep=2))
+    with pytest.raises(ValueError, match="does not divide the 8 experts"):
+        estimate(resolve_model("mixtral"), resolve_hardware("h100x8", nodes=2), Workload(32768),
+                 Candidate(sp=16, ep=16))
+    with pytest.raises(ValueError, match="must divide sp x dp"):
+        Candidate(sp=4, ep=8)
+
+
+def _write(tmp_path, config):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+MOE_CONFIGS = {
+    "qwen3_moe": ({"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                   "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                   "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "vocab_size": 151936, "tie_word_embeddings": False, "use_sliding_window": False,
+                   "sliding_window": None}, "qwen3-30b-a3b"),
+    "mixtral": ({"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                 "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+                 "vocab_size": 32000, "tie_word_embeddings": False, "sliding_window": None}, "mixtral-8x7b"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MOE_CONFIGS))
+def test_hf_moe_configs_read_as_the_presets(tmp_path, kind):
+    config, preset = MOE_CONFIGS[kind]
+    spec, ref = resolve_model(_write(tmp_path, config)), resolve_model(preset)
+    for field in ("n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden", "dense_layers"):
+        assert getattr(spec, field) == getattr(ref, field), field
+    assert spec.n_params() == ref.n_params()
+
+
+def test_olmoe_and_deepseek_style_configs(tmp_path):
+    # OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924 config.json): 64 experts of intermediate_size 1024, top-8; ~6.9B / 1.3B
+    olmoe = resolve_model(_write(tmp_path, {
+        "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024, "num_attention_heads": 16,
+        "num_hidden_layers": 16, "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+        "vocab_size": 50304, "tie_word_embeddings": False}))
+    assert round(olmoe.n_params() / 1e9, 2) == 6.92 and round(moe.active_params(olmoe) / 1e9, 2) == 1.28
+    # DeepSeek-V2 style: shared experts (n_shared_experts x moe_intermediate_size), first layer dense
+    ds = resolve_model(_write(tmp_path, {
+        "model_type": "deepseek_v2", "hidden_size": 256, "intermediate_size": 1024, "moe_intermediate_size": 64,
+        "num_attention_heads": 4, "num_hidden_layers": 4, "n_routed_experts": 16, "n_shared_experts": 2,
+        "num_experts_per_tok": 4, "first_k_dense_replace": 1, "moe_layer_freq": 1, "vocab_size": 1000}))
+    assert (ds.n_experts, ds.shared_ffn_hidden, ds.dense_layers) == (16, 128, (0,))
+    mlp = 3 * 256 * 1024, 256 * 16 + 3 * 256 * 128 + 16 * 3 * 256 * 64
+    attention = 4 * 256 * 256 + 2 * 256
+    assert ds.n_params() == 4 * attention + mlp[0] + 3 * mlp[1] + 2 * 1000 * 256 + 256
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]}, "hybrid linear-attention"),
+    ({"model_type": "qwen3_5_moe", "layer_types": ["linear_attention", "full_attention"]}, "hybrid linear-attention"),
+    ({"model_type": "t5", "is_encoder_decoder": True, "architectures": ["T5ForConditionalGeneration"]},
+     "encoder-decoder"),
+    ({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "vision_config": {},
+      "text_config": {"hidden_size": 3840}}, "vision-language"),
+    ({"model_type": "deepseek_v2", "kv_lora_rank": 512}, "multi-head latent attention"),
+])
+def test_refused_architectures_one_line(tmp_path, config, named):
+    assert named in architectures.architecture_refusal(config)
+    with pytest.raises(UsageError) as err:
+        resolve_model(_write(tmp_path, {**config, "hidden_size": 64, "num_hidden_layers": 2,
+                                        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 97}))
+    assert named in str(err.value) and "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    assert architectures.architecture_refusal({"model_type": "llama"}) is None
+
+
+def test_gemma_soft_capping_is_priced():
+    gemma, hw = resolve_model("gemma-2-9b"), resolve_hardware("h100x8")
+    plain = replace(gemma, attn_logit_softcap=0.0, final_logit_softcap=0.0)
+    cand, work = Candidate(sp=8, checkpointing="full", zero_stage=3), Workload(131072)
+    capped, base = estimate(gemma, hw, work, cand), estimate(plain, hw, work, cand)
+    assert capped.time.compute > base.time.compute                  # slower score-modified attention kernel
+    assert capped.memory.logits_loss > base.memory.logits_loss      # the tanh output of the capped logits
+    # interleaved local/global layers: 21 of 42 layers attend to a 4096-token window
+    assert gemma.windowed_layers == 21 and gemma.sliding_window == 4096
+    g3 = resolve_model("gemma-3-12b")
+    assert g3.windowed_layers == 40 and g3.sliding_window == 1024 and g3.tied_embeddings
+
+
+def test_gemma3_config_windows_and_the_multimodal_wrapper(tmp_path):
+    # google/gemma-3-12b-pt's text_config (saved as its own config.json): 5 of every 6 layers local, 1,024 tokens
+    text = {"model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 48, "vocab_size": 262208,
+            "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0}
+    spec = resolve_model(_write(tmp_path, text))
+    preset = resolve_model("gemma-3-12b")
+    assert (spec.sliding_window, spec.sliding_layers) == (preset.sliding_window, preset.sliding_layers)
+    assert spec.n_params() == preset.n_params() and spec.tied_embeddings
+    # the multimodal wrapper itself is a vision-language model: refused by name, with the way to plan its text part
+    with pytest.raises(UsageError, match="vision-language model: autosp trains its text decoder only"):
+        resolve_model(_write(tmp_path, {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                                        "text_config": text, "vision_config": {"hidden_size": 1152}}))
