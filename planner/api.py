@@ -232,6 +232,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp, cand.ring)
     search_info = {
         "strategy": strategy,
+        "requested_search": search,  # what a re-check asks for (a small space asked of Optuna is scored whole)
         "sampler": sampler,
         "trials": result.trials if strategy == "optuna" else None,
         "evaluations": result.evaluations,

@@ -50,8 +50,8 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
             raise UsageError(f"{art.path}: hardware {art.hardware_name!r} is not in the catalog; give --hw") from None
         hw = art.hardware_name
     s = art.search if search_from_plan else {}
-    search = overrides.get("search") or (s.get("strategy") if s.get("strategy") in ("optuna", "exhaustive", "fast")
-                                         else "optuna")
+    asked = s.get("requested_search") or s.get("strategy")  # plans before requested_search record the strategy run
+    search = overrides.get("search") or (asked if asked in ("optuna", "exhaustive", "fast") else "optuna")
     trials = overrides.get("trials") or (s.get("trials") if search == "optuna" and s.get("trials") else None)
     seed = overrides["seed"] if overrides.get("seed") is not None else s.get("seed") or 0
     return PlanRequest(model=model, hw=hw, nodes=overrides.get("nodes"),
