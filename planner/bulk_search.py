@@ -37,6 +37,12 @@ _ROW_ORDER = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing
 
 
 def supported(space) -> bool:
+    """Whether the bulk model prices this space: not a mixture-of-experts model (its ``ep`` axis and expert
+    terms are the scalar model's only) nor a soft-capped one (Gemma 2's kernel factors), and not degenerate
+    hardware; the other spaces take the scalar search."""
+    model = space.model
+    if model.n_experts or model.attn_logit_softcap or model.final_logit_softcap:
+        return False
     return bulk.supported(space.hardware) is None
 
 
