@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start N training processes on this machine (one per GPU; the plan's sp x dp); not "
                           "needed under torchrun or the deepspeed launcher")
     run.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    from autosp.compiler.training import run_checkpoints
+
+    run_checkpoints.add_arguments(parser)  # --save-dir --save-every --keep-last --resume --export-hf
     return parser
 
 
@@ -232,6 +235,9 @@ def _preflight(args, argv):
             raise UsageError("--doc-sep packs the documents of a token file: give --data FILE")
         args.separators = packing.separators(args.doc_sep, facts.hf_config, facts.spec.vocab)
         packing.check_separators(tokens, args.data, args.separators)
+    from autosp.compiler.training import run_checkpoints
+
+    args.resume_from = run_checkpoints.preflight(args, argv, facts)  # --save-dir, --resume, --export-hf
     return launch, plan, candidate, facts, seq, tokens
 
 
@@ -295,16 +301,22 @@ def main(argv=None) -> int:
         data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
     records = []
+    from autosp.compiler.training.run_checkpoints import Checkpoints
+
+    args.seq = seq
+    checkpoints = Checkpoints(args, facts, plan, args.resume_from, rank)
+    first_step, micro_index = checkpoints.restore(engine)  # (0, 0) unless --resume
     if rank == 0:
         print(f"autosp-train: {description}; {c.short()}; {seq} tokens x {rows} "
               f"{'packed ' if packed else ''}sequences per micro-step, "
-              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}",
-              flush=True)
-    for step in range(args.steps):
+              f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}"
+              f"{checkpoints.describe_resume()}", flush=True)
+    for step in range(first_step, args.steps):
         start = time.perf_counter()
         losses = []
         for micro in range(c.grad_accum):
-            batch = data.batch(step * c.grad_accum + micro, rows)
+            batch = data.batch(micro_index, rows)  # a pure function of (seed, micro-step index)
+            micro_index += 1
             loss = engine(**batch) if packed else engine(input_ids=batch, labels=batch)
             engine.backward(loss)
             engine.step()
@@ -322,6 +334,9 @@ def main(argv=None) -> int:
             if args.log_json:
                 records.append(record)
                 _write_log(args.log_json, records)
+        if checkpoints.after_step(engine, step + 1, micro_index, last=step + 1 == args.steps):
+            return 0  # stopped by SIGTERM/SIGINT after saving
+    checkpoints.finish(engine, args.steps, micro_index)
     return 0
 
 
