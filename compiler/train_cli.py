@@ -20,8 +20,13 @@ What is trained:
   directory) builds the Hugging Face model of that config with ``transformers`` (SDPA attention); with
   ``--plan`` and no ``--model`` the plan's model is used. ``--layers/--hidden/--heads/--kv-heads/--ffn/
   --vocab`` shrink a preset (e.g. to try a plan on CPU).
-- Weights are random (``--seed``) unless ``--checkpoint`` names a ``torch.save``d state dict or, for a
-  Hugging Face model, a directory ``from_pretrained`` can read.
+- Weights are random (``--seed``) unless ``--checkpoint`` names a ``torch.save``d state dict, an autosp
+  checkpoint (its weights) or, for a Hugging Face model, a directory ``from_pretrained`` can read.
+
+Checkpoints (:mod:`autosp.compiler.training`): ``--save-dir DIR --save-every N --keep-last K`` save the whole
+training state atomically (also at the last step and on SIGTERM/SIGINT, which finish the step, save and exit
+0); ``--resume`` continues from the newest complete one under this run's plan, which may differ from the saved
+one; ``--export-hf HF_DIR`` writes a Hugging Face model directory at the end (``autosp-export`` does it later).
 
 Data: ``--data synthetic`` (random tokens) or a file of token ids: ``.npy`` / ``.pt`` (1-D array or
 tensor) or ``.bin`` (raw uint16 tokens, the nanoGPT format; ``--data-dtype`` for others). Each micro-step
@@ -126,7 +131,7 @@ def _build_model(args, facts, torch):
                 setattr(config, key, getattr(spec, field))
         if args.hidden is not None or args.n_heads is not None:
             config.head_dim = spec.head_dim
-        if args.checkpoint and os.path.isdir(args.checkpoint):
+        if args.checkpoint and os.path.isdir(args.checkpoint) and not args.warm_start:
             try:
                 model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, config=config,
                                                                           attn_implementation="sdpa")
@@ -142,7 +147,11 @@ def _build_model(args, facts, torch):
     return model, f"{spec.name} (reference Llama, {spec.n_params() / 1e6:.1f}M parameters)", spec.vocab
 
 
-def _load_checkpoint(model, path, torch):
+def _load_checkpoint(model, path, torch, warm_start=None):
+    if warm_start:  # an autosp checkpoint (autosp.compiler.training.run_checkpoints)
+        from autosp.compiler.training.run_checkpoints import load_warm_start
+
+        return load_warm_start(model, warm_start)
     if not path or os.path.isdir(path):
         return
     try:
@@ -238,6 +247,7 @@ def _preflight(args, argv):
     from autosp.compiler.training import run_checkpoints
 
     args.resume_from = run_checkpoints.preflight(args, argv, facts)  # --save-dir, --resume, --export-hf
+    args.warm_start = run_checkpoints.warm_start_checkpoint(args.checkpoint, facts) if args.checkpoint else None
     return launch, plan, candidate, facts, seq, tokens
 
 
@@ -284,7 +294,7 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     model, description, vocab = _build_model(args, facts, torch)
-    _load_checkpoint(model, args.checkpoint, torch)
+    _load_checkpoint(model, args.checkpoint, torch, args.warm_start)
     dtype = args.dtype or (plan.workload.dtype if plan is not None else ("bf16" if cuda else "fp32"))
     options = dict(dtype=dtype, backend=args.backend, lr=args.lr)
     if plan is None:

@@ -45,11 +45,13 @@ def check_out_dir(path: str, flag: str = "--out") -> None:
             raise UsageError(f"{flag} {path} exists and is not a directory")
         if os.listdir(path):
             raise UsageError(f"{flag} {path} is not empty; choose a new directory (an export never overwrites)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{flag} {path}: {parent} is not writable")
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):  # missing parents are created
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"{flag} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise UsageError(f"{flag} {path}: {ancestor} is not writable")
 
 
 def reference_name(name: str) -> str:
@@ -133,7 +135,7 @@ def export_hf(checkpoint: str, out: str, dtype: str = "fp32") -> str:
     partial = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        os.makedirs(partial)
+        os.makedirs(partial)  # and the missing parents
         shards, pending, pending_bytes, handles = [], {}, 0, {}
 
         def flush():

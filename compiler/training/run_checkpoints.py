@@ -228,3 +228,45 @@ class Checkpoints:
 
                     shutil.rmtree(temporary, ignore_errors=True)
         _barrier()
+
+
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def warm_start_checkpoint(path: str, facts) -> str | None:
+    """``--checkpoint DIR``: the autosp checkpoint it names (a checkpoint or a --save-dir: its newest) for a
+    warm start (weights only), None for a Hugging Face model directory; one line for a directory with neither
+    (an empty directory must not silently mean random weights)."""
+    if not os.path.isdir(path):
+        return None
+    from autosp.compiler.training.save_dir import complete_checkpoints, find_resume
+
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return path
+    if complete_checkpoints(path):
+        return find_resume(path)
+    if facts.hf_path is not None:
+        if any(os.path.exists(os.path.join(path, name)) for name in HF_WEIGHTS):
+            return None
+        raise UsageError(f"--checkpoint {path} holds no model weights ({', '.join(HF_WEIGHTS[::2])} or an autosp "
+                         "checkpoint); without --checkpoint the weights are random")
+    raise UsageError(f"--checkpoint {path} is a directory without an autosp checkpoint; autosp's reference Llama "
+                     "starts from a torch.save'd state dict or an autosp checkpoint (a --save-dir or its step-N)")
+
+
+def load_warm_start(model, path: str) -> None:
+    """The weights of the autosp checkpoint ``path`` into the (not yet compiled) ``model``: same names and shapes."""
+    import torch
+    from safetensors import safe_open
+
+    from autosp.compiler.training.checkpoint import check_model, named_parameters, read_meta
+
+    meta = read_meta(path)
+    check_model(meta, model, path)
+    handles = {}
+    with torch.no_grad():
+        for name, param in named_parameters(model):
+            file = meta["params"][name]["shard"]
+            if file not in handles:
+                handles[file] = safe_open(os.path.join(path, file), framework="pt")
+            param.copy_(handles[file].get_tensor(f"weight/{name}"))
