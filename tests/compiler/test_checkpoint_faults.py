@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.compiler.test_checkpoint_cli import _alive, _children
+from autosp.compiler.testing import alive as _alive
+from autosp.compiler.testing import child_pids as _children
 
 SAVE_AND_DIE = r"""
 import os, signal, sys
