@@ -259,8 +259,7 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
             os.makedirs(os.path.join(partial, "rng"))
         except OSError as err:
             failure = err
-    if _agree(failure is not None):
-        raise _write_error(directory, failure, rank)
+    _fail_together(failure, partial, directory, rank)
 
     inner = _inner_optimizer(ds)
     keys, scalars = _optimizer_keys(inner) if inner is not None else ([], {})
@@ -324,10 +323,7 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
                 files["config.json"] = len(data)
         except OSError as err:
             failure = err
-    if _agree(failure is not None):
-        if rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-        raise _write_error(directory, failure, rank)
+    _fail_together(failure, partial, directory, rank)
     if rank == 0:
         for r in range(world):
             rf = os.path.join(partial, f"rng/rank-{r:05d}.pt")
@@ -345,10 +341,7 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
             _publish(partial, directory)
         except OSError as err:
             failure = err
-    if _agree(failure is not None):
-        if rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-        raise _write_error(directory, failure, rank)
+    _fail_together(failure, partial, directory, rank)
     return directory
 
 
@@ -365,10 +358,15 @@ def _publish(partial: str, directory: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_error(directory, err, rank) -> CheckpointWriteError:
-    reason = (err.strerror or str(err)) if isinstance(err, OSError) else "another rank could not write its part"
-    return CheckpointWriteError(f"cannot write checkpoint {directory}: {reason}; nothing was saved (any earlier "
-                                "checkpoint is intact)")
+def _fail_together(failure, partial: str, directory: str, rank: int) -> None:
+    """When any rank failed to write its part, every rank raises the same line and the partial directory goes."""
+    if not _agree(failure is not None):
+        return
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    reason = (failure.strerror or str(failure)) if isinstance(failure, OSError) else "another rank could not write"
+    raise CheckpointWriteError(f"cannot write checkpoint {directory}: {reason}; nothing was saved (any earlier "
+                               "checkpoint is intact)")
 
 
 def _broadcast_object(obj):
