@@ -113,8 +113,8 @@ def run_processes(world: int, main, argv: list[str]) -> int:
                 running.remove(proc)
                 if proc.exitcode and failed is None:
                     failed = proc
-                    if not received:  # a rank failed on its own: the others would wait for it forever
-                        _stop(running)
+                    if not received or proc.exitcode not in (-received[0], 128 + received[0]):
+                        _stop(running)  # a rank failed on its own: the others would wait for it forever
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
