@@ -97,9 +97,10 @@ def test_kill_resume_other_plans_and_export(tmp_path):
 
     # SIGTERM to the launcher once step 4 is logged: the ranks finish their step, save, exit 0
     log = f"{tmp}/stopped.jsonl"
-    launcher = subprocess.Popen(_cmd(*common, *sp2, "--save-dir", f"{tmp}/stopped", "--save-every", "4",
-                                     "--log-json", log), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_env())
+    # output to files, not pipes: unread pipes that fill up would block the ranks
+    with open(f"{tmp}/stopped.out", "w") as stdout, open(f"{tmp}/stopped.err", "w") as stderr:
+        launcher = subprocess.Popen(_cmd(*common, *sp2, "--save-dir", f"{tmp}/stopped", "--save-every", "4",
+                                         "--log-json", log), stdout=stdout, stderr=stderr, env=_env())
     deadline = time.time() + 900
     while time.time() < deadline and launcher.poll() is None:
         if os.path.exists(log) and max(_losses(log), default=0) >= 4:
@@ -107,8 +108,10 @@ def test_kill_resume_other_plans_and_export(tmp_path):
         time.sleep(0.01)
     ranks = _children(launcher.pid)
     launcher.send_signal(signal.SIGTERM)
-    out, err = launcher.communicate(timeout=600)
+    launcher.wait(timeout=600)
     end = time.time()
+    with open(f"{tmp}/stopped.out") as f_out, open(f"{tmp}/stopped.err") as f_err:
+        out, err = f_out.read(), f_err.read()
     while _alive(ranks) and time.time() < end + 10:
         time.sleep(0.1)
     assert not _alive(ranks), "ranks outlived their launcher"

@@ -74,8 +74,8 @@ def _launch(tmp_path):
             "--ffn", "64", "--vocab", "64", "--sp", "2", "--ctx", "32", "--dtype", "fp32", "--backend", "aot_eager",
             "--steps", "100000", "--nproc-per-node", "2"]
     launcher = subprocess.Popen([sys.executable, "-c", "import sys; from autosp.cli import train_main; "
-                                 "sys.exit(train_main())", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                 "sys.exit(train_main())", *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.time() + 300
     ranks = []
     while time.time() < deadline and launcher.poll() is None:
@@ -107,6 +107,6 @@ def test_no_rank_outlives_its_launcher(tmp_path, sig):
     while _alive(ranks) and time.time() < start + 10:
         time.sleep(0.1)
     assert not _alive(ranks), f"ranks {_alive(ranks)} alive 10 s after {sig.name} to the launcher"
-    launcher.communicate(timeout=60)
+    launcher.wait(timeout=60)
     if sig == signal.SIGTERM:
         assert launcher.returncode == 128 + signal.SIGTERM
