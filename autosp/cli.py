@@ -21,8 +21,12 @@ def train_main(argv=None) -> int:
     return _run("autosp-train", "autosp.compiler.train_cli", argv)
 
 
+def export_main(argv=None) -> int:
+    return _run("autosp-export", "autosp.compiler.training.export", argv)
+
+
 def calibrate_main(argv=None) -> int:
     return _run("autosp-calibrate", "autosp.cost_models.calibrate", argv)
 
 
-__all__ = ["calibrate_main", "plan_main", "train_main"]
+__all__ = ["calibrate_main", "export_main", "plan_main", "train_main"]

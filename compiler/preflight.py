@@ -112,6 +112,14 @@ def model_facts(args, plan) -> ModelFacts:
         spec = resolve_model(args.model)
     elif plan is not None:
         spec = plan.model
+        source = getattr(spec, "source", "") or ""
+        if os.path.isabs(source) and source.endswith(".json"):  # planned from a config.json: train THAT model
+            if not os.path.isfile(source):
+                raise UsageError(f"the plan was made from the model config {source}, which no longer exists; pass "
+                                 "--model PATH/config.json (the same model)")
+            from autosp.files import read_json
+
+            hf_path, config = source, read_json(source, "model config ", allow_bom=False)
     else:
         raise UsageError("say what to train: --model PRESET or CONFIG.json, or --plan")
     changes = {field: getattr(args, field) for field, _ in OVERRIDES if getattr(args, field) is not None}

@@ -265,5 +265,20 @@ class SPEngine:
     def step(self, **kwargs):
         return self.ds_engine.step(**kwargs)
 
+    # -- checkpoints (autosp.compiler.training.checkpoint) ------------------------------------------
+    def save_checkpoint(self, directory, client_state: dict | None = None) -> str:
+        """Write the full training state (fp32 weights, optimizer, LR scheduler, step counters, RNG) to
+        ``directory``, atomically, in a form any plan can load. Every rank calls it."""
+        from autosp.compiler.training.checkpoint import save_engine_checkpoint
+
+        return save_engine_checkpoint(self, directory, client_state)
+
+    def load_checkpoint(self, directory, load_optimizer: bool = True) -> dict:
+        """Load a checkpoint saved by :meth:`save_checkpoint` under this or any other plan; returns its
+        metadata (``['client_state']``: what was passed when saving). Every rank calls it."""
+        from autosp.compiler.training.checkpoint import load_engine_checkpoint
+
+        return load_engine_checkpoint(self, directory, load_optimizer=load_optimizer)
+
 
 __all__ = ["SPEngine", "rule_key", "sdpa_guard"]

@@ -214,5 +214,32 @@ def capture_graph(fn, *args, **kwargs):
     return box["gm"], box["inputs"]
 
 
-__all__ = ["assert_within", "capture_graph", "compare", "free_port", "full_grad", "full_weight", "packed_loss",
+__all__ = ["alive", "assert_within", "capture_graph", "child_pids", "compare", "free_port", "full_grad", "full_weight", "packed_loss",
            "reference_run", "rel_err", "run_cases", "sp_run", "spawn"]
+
+
+def _proc_state(pid: int):
+    """(state letter, parent pid) of a Linux process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def child_pids(pid: int) -> list:
+    """Live (not zombie) processes whose parent is ``pid`` (Linux: reads /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            state = _proc_state(int(entry))
+            if state is not None and state[1] == pid and state[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def alive(pids) -> list:
+    """The processes of ``pids`` still running (a zombie has ended)."""
+    return [pid for pid in pids if (state := _proc_state(pid)) is not None and state[0] != "Z"]
+

@@ -20,8 +20,13 @@ What is trained:
   directory) builds the Hugging Face model of that config with ``transformers`` (SDPA attention); with
   ``--plan`` and no ``--model`` the plan's model is used. ``--layers/--hidden/--heads/--kv-heads/--ffn/
   --vocab`` shrink a preset (e.g. to try a plan on CPU).
-- Weights are random (``--seed``) unless ``--checkpoint`` names a ``torch.save``d state dict or, for a
-  Hugging Face model, a directory ``from_pretrained`` can read.
+- Weights are random (``--seed``) unless ``--checkpoint`` names a ``torch.save``d state dict, an autosp
+  checkpoint (its weights) or, for a Hugging Face model, a directory ``from_pretrained`` can read.
+
+Checkpoints (:mod:`autosp.compiler.training`): ``--save-dir DIR --save-every N --keep-last K`` save the whole
+training state atomically (also at the last step and on SIGTERM/SIGINT, which finish the step, save and exit
+0); ``--resume`` continues from the newest complete one under this run's plan, which may differ from the saved
+one; ``--export-hf HF_DIR`` writes a Hugging Face model directory at the end (``autosp-export`` does it later).
 
 Text data: ``--data`` a ``.jsonl`` (``--text-field``, default ``text``), ``.txt`` (paragraphs), ``.parquet``
 or a ``datasets`` ``save_to_disk`` directory: tokenized once with ``--tokenizer DIR`` (default: the model
@@ -118,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from autosp.compiler.training import options  # text data, schedule, evaluation, TensorBoard
 
     options.add_arguments(parser)
+    from autosp.compiler.training import run_checkpoints
+
+    run_checkpoints.add_arguments(parser)  # --save-dir --save-every --keep-last --resume --export-hf
     return parser
 
 
@@ -138,7 +146,7 @@ def _build_model(args, facts, torch):
                 setattr(config, key, getattr(spec, field))
         if args.hidden is not None or args.n_heads is not None:
             config.head_dim = spec.head_dim
-        if args.checkpoint and os.path.isdir(args.checkpoint):
+        if args.checkpoint and os.path.isdir(args.checkpoint) and not args.warm_start:
             try:
                 model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, config=config,
                                                                           attn_implementation="sdpa")
@@ -154,7 +162,11 @@ def _build_model(args, facts, torch):
     return model, f"{spec.name} (reference Llama, {spec.n_params() / 1e6:.1f}M parameters)", spec.vocab
 
 
-def _load_checkpoint(model, path, torch):
+def _load_checkpoint(model, path, torch, warm_start=None):
+    if warm_start:  # an autosp checkpoint (autosp.compiler.training.run_checkpoints)
+        from autosp.compiler.training.run_checkpoints import load_warm_start
+
+        return load_warm_start(model, warm_start)
     if not path or os.path.isdir(path):
         return
     try:
@@ -252,6 +264,8 @@ def _preflight(args, argv):
         packing.check_separators(tokens, args.data, args.separators)
     show = launch.rank == 0 and not os.environ.get("AUTOSP_TRAIN_DATA_SAID")
     args.prepared = options.prepare_data(args, facts, seq, show=show)  # text tokenized (or read from the cache)
+    args.resume_from = run_checkpoints.preflight(args, argv, facts)  # --save-dir, --resume, --export-hf
+    args.warm_start = run_checkpoints.warm_start_checkpoint(args.checkpoint, facts) if args.checkpoint else None
     return launch, plan, candidate, facts, seq, tokens
 
 
@@ -304,7 +318,7 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     torch.manual_seed(args.seed)
     model, description, vocab = _build_model(args, facts, torch)
-    _load_checkpoint(model, args.checkpoint, torch)
+    _load_checkpoint(model, args.checkpoint, torch, args.warm_start)
     dtype = args.dtype or (plan.workload.dtype if plan is not None else ("bf16" if cuda else "fp32"))
     from autosp.compiler.training import options as training_options
 
@@ -327,7 +341,11 @@ def main(argv=None) -> int:
         data = TokenSource(tokens, vocab, seq, args.seed, torch)
     rows = c.dp * c.micro_batch
     from autosp.compiler import attention_kernel as kernels
+    from autosp.compiler.training.run_checkpoints import Checkpoints
 
+    args.seq = seq
+    checkpoints = Checkpoints(args, facts, plan, args.resume_from, rank)
+    first_step, micro_index = checkpoints.restore(engine)  # (0, 0) unless --resume
     planned = getattr(plan.hardware, "attention_kernel", "") if plan is not None else ""
     kernel, mismatch = kernels.choose(planned or None, kernels.machine())
     if rank == 0:
@@ -335,7 +353,8 @@ def main(argv=None) -> int:
               f"{'packed ' if packed else ''}sequences per micro-step, "
               f"{c.grad_accum} micro-steps per step; {dtype}, {args.backend}; world {dist.get_world_size()}; "
               f"attention kernel {kernel}"
-              + (f"; data: {data.describe()}" if hasattr(data, "describe") else ""), flush=True)
+              + (f"; data: {data.describe()}" if hasattr(data, "describe") else "")
+              + checkpoints.describe_resume(), flush=True)
         if mismatch:
             print(f"autosp-train: warning: {mismatch}", file=sys.stderr, flush=True)
     _first_run_notice("compile", backend=args.backend)
@@ -344,10 +363,19 @@ def main(argv=None) -> int:
 
     logger = StepLogger(steps=args.steps, seq=seq, candidate=c, plan=plan, world=dist.get_world_size(),
                         log_json=args.log_json, tensorboard=args.tensorboard, rank=rank)
-    trainer = Trainer(engine, data, logger, steps=args.steps, rows=rows, eval_source=eval_source,
-                      eval_every=args.eval_every or 0, eval_steps=args.eval_steps)
+
+    def save_or_stop(trainer, record) -> bool:  # --save-every, the last step, SIGTERM/SIGINT (saved, then stop)
+        return checkpoints.after_step(engine, trainer.step_index, trainer.micro_steps,
+                                      last=trainer.step_index == args.steps)
+
+    trainer = Trainer(engine, data, logger, steps=args.steps, rows=rows, start_step=first_step,
+                      start_micro=micro_index, eval_source=eval_source, eval_every=args.eval_every or 0,
+                      eval_steps=args.eval_steps, hooks=[save_or_stop])
     with kernels.sdpa_context(kernel if cuda else None):  # the step's SDPA calls run on the chosen kernel first
         trainer.run()
+    if trainer.stop:
+        return 0  # stopped by SIGTERM/SIGINT after saving
+    checkpoints.finish(engine, args.steps, trainer.micro_steps)
     return 0
 
 

@@ -16,7 +16,7 @@ from studies.bad_inputs.fixtures import TINY_TRAIN
 
 __all__ = ["CASES", "Case"]
 
-PLAN, TRAIN, CALIBRATE = "autosp-plan", "autosp-train", "autosp-calibrate"
+PLAN, TRAIN, CALIBRATE, EXPORT = "autosp-plan", "autosp-train", "autosp-calibrate", "autosp-export"
 
 
 @dataclass(frozen=True)
@@ -500,6 +500,25 @@ CASES: list[Case] = [
     _c(TRAIN, f"{T} --log-json /proc/autosp/log.jsonl", 2, "cannot write --log-json", item=6),
     _c(TRAIN, f"{T} --checkpoint /nonexistent.pt", 2, "does not exist"),
     _c(TRAIN, f"{T} --checkpoint @junk.ckpt", 2, "cannot read checkpoint", subprocess_only=True),
+    # --- autosp-train checkpoints (issue 20) and --checkpoint of a directory (issue 19 item 8) ----------------
+    _c(TRAIN, f"{T} --resume", 2, "--resume needs --save-dir"),
+    _c(TRAIN, f"{T} --save-every 2", 2, "--save-every needs --save-dir"),
+    _c(TRAIN, f"{T} --save-dir @out/ck --save-every 0", 2, "--save-every must be a positive integer"),
+    _c(TRAIN, f"{T} --save-dir @out/ck --keep-last -1", 2, "--keep-last must be a positive integer"),
+    _c(TRAIN, f"{T} --save-dir @emptydir --resume", 2, "holds no complete checkpoint"),
+    _c(TRAIN, f"{T} --save-dir /nonexistent/ck --resume", 2, "no checkpoint to resume from"),
+    _c(TRAIN, f"{T} --save-dir @afile", 2, "not a directory"),
+    _c(TRAIN, f"{T} --save-dir @afile/ck", 2, "is not writable"),
+    _c(TRAIN, f"{T} --save-dir /proc/autosp/ck", 2, "is not writable"),
+    _c(TRAIN, f"{T} --checkpoint @emptydir", 2, "a directory without an autosp checkpoint",
+       note="issue 19 item 8: an empty directory trained from random weights without a word"),
+    _c(TRAIN, f"{T} --export-hf @afile", 2, "exists and is not a directory"),
+    _c(TRAIN, f"{T} --export-hf @afile/hf", 2, "is not a directory"),
+    _c(EXPORT, "", 2, "the following arguments are required"),
+    _c(EXPORT, "/nonexistent --out @out/hf", 2, "does not exist"),
+    _c(EXPORT, "@emptydir --out @out/hf", 2, "incomplete (no meta.json", slow=True),
+    _c(EXPORT, "@afile --out @out/hf", 2, "not a directory", slow=True),
+    _c(EXPORT, "@emptydir --out @afile", 2, "exists and is not a directory", slow=True),
     # --- autosp-calibrate --------------------------------------------------------------------------------------
     _c(CALIBRATE, "--ranks 0", 2, "--ranks must be between 1 and 1024"),
     _c(CALIBRATE, "--ranks -1", 2, "--ranks must be between 1 and 1024"),

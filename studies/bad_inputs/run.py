@@ -80,7 +80,7 @@ def run_inprocess(case, directory: Path) -> Outcome:
     from autosp import cli
 
     main = {"autosp-plan": cli.plan_main, "autosp-train": cli.train_main,
-            "autosp-calibrate": cli.calibrate_main}[case.command]
+            "autosp-calibrate": cli.calibrate_main, "autosp-export": cli.export_main}[case.command]
     argv = expand(case.args, directory)
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()

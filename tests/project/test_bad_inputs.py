@@ -39,4 +39,4 @@ def test_the_cases_reach_every_numbered_item_and_are_many():
     items = {c.item for c in CASES if c.item}
     assert {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12} <= items
     assert len(CASES) >= 150
-    assert {c.command for c in CASES} == {"autosp-plan", "autosp-train", "autosp-calibrate"}
+    assert {c.command for c in CASES} == {"autosp-plan", "autosp-train", "autosp-calibrate", "autosp-export"}
