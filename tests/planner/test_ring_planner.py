@@ -64,6 +64,7 @@ def test_forbidding_cross_node_sp_keeps_every_group_in_a_node(llama_max_ctx):
     assert inside.workload.seq_len < 0.5 * llama_max_ctx[32].workload.seq_len
 
 
+@pytest.mark.slow  # exhaustive searches of ring-heavy spaces (20-35 s each on a busy 2-core machine)
 @pytest.mark.parametrize("model,hw,ctx,seed", [
     (NARROW, "h100x32", 4 << 20, 0),                         # 8 heads: sp past 8 only through the ring
     ("llama-3.2-1b", "h100x64", 16 << 20, 2),                # 32 heads on 64 GPUs
@@ -83,6 +84,7 @@ def test_optuna_reaches_the_exhaustive_optimum_on_ring_heavy_requests(model, hw,
     assert found.best[1].tokens_per_second >= 0.99 * best.tokens_per_second, (found.best[0].short(), best_cand.short())
 
 
+@pytest.mark.slow  # the exhaustive longest context of a ring space: minutes on 2 cores
 def test_optuna_max_ctx_matches_the_exhaustive_longest_context_with_a_ring():
     space = build_space(NARROW, resolve_hardware("h100x16"), Workload(CTX_GRANULE))
     exact, records = longest_context(space, Evaluator(space))
@@ -100,6 +102,7 @@ def _plan_cli(*args):
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # max-ctx searches on large clusters (~30 s on a busy 2-core machine)
 def test_cross_node_flags():
     base = ("--model", "llama-3.2-1b", "--ctx", "64k", "--hw", "h100x16", "--no-cache", "--json", "--trials", "10")
     old = _plan_cli(*base, "--allow-cross-node-sp")   # old scripts keep working; the flag changes nothing

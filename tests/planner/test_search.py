@@ -24,6 +24,7 @@ def _space(model, ctx, hw, gb=None):
     return build_space(resolve_model(model), resolve_hardware(hw), Workload(ctx, global_batch=gb))
 
 
+@pytest.mark.slow  # an exhaustive search per case (tens of seconds each on 2 cores): CI runs them
 @pytest.mark.parametrize("model,ctx,hw,gb,seed", CASES)
 def test_optuna_reaches_the_exhaustive_optimum(model, ctx, hw, gb, seed):
     space = _space(model, ctx, hw, gb)
@@ -78,6 +79,7 @@ def test_optuna_is_deterministic_for_a_seed():
     assert [c for c, _ in a.ranked] == [c for c, _ in b.ranked]
 
 
+@pytest.mark.slow  # an exhaustive max-ctx search
 def test_max_ctx_optuna_matches_exhaustive():
     space = _space("llama-3.2-3b", CTX_GRANULE, "h100x4")
     full_eval = Evaluator(space)
