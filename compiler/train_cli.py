@@ -264,6 +264,8 @@ def _preflight(args, argv):
         packing.check_separators(tokens, args.data, args.separators)
     show = launch.rank == 0 and not os.environ.get("AUTOSP_TRAIN_DATA_SAID")
     args.prepared = options.prepare_data(args, facts, seq, show=show)  # text tokenized (or read from the cache)
+    from autosp.compiler.training import run_checkpoints
+
     args.resume_from = run_checkpoints.preflight(args, argv, facts)  # --save-dir, --resume, --export-hf
     args.warm_start = run_checkpoints.warm_start_checkpoint(args.checkpoint, facts) if args.checkpoint else None
     return launch, plan, candidate, facts, seq, tokens
