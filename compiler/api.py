@@ -27,11 +27,12 @@ def load_plan(path):
 
 
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                      grad_accum=None, offload_optimizer=None, ring_size=None) -> tuple[Candidate, object]:
+                      grad_accum=None, offload_optimizer=None, ring_size=None, ep_size=None
+                      ) -> tuple[Candidate, object]:
     """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
     overrides = {k: v for k, v in (("dp", dp_size), ("zero_stage", zero_stage), ("micro_batch", micro_batch),
                                    ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer),
-                                   ("ring", ring_size))
+                                   ("ring", ring_size), ("ep", ep_size))
                  if v is not None}
     source = None
     if plan is not None:
@@ -182,7 +183,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                   grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False):
+                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False,
+                  ep_size: int | None = None):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -215,6 +217,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             CUDA, gloo otherwise).
         z3_leaf_modules: ZeRO-3 only: module names gathered as one unit and traced as one graph (default:
             the children of every ``nn.ModuleList``).
+        ep_size: expert parallelism for a mixture-of-experts model (a plan carries it as its candidate's
+            ``ep``; default 1): each expert lives on one rank of every group of ``ep_size`` ranks, tokens travel
+            to their experts by all-to-all (:mod:`autosp.compiler.experts`). It divides the experts and dp x sp.
         packed: the batches hold packed documents (``position_ids`` restarting at 0, or ``seq_lens`` /
             ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
             when the first batch is packed or the model has sliding-window layers (read from its config).
@@ -229,7 +234,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
     from autosp.compiler.windows import layer_windows, refuse_softcapping
+    from autosp.cost_models.architectures import config_refusal
 
+    refused = config_refusal(getattr(model, "config", None))  # the planner's list: both refuse the same models
+    if refused:
+        raise UsageError(refused)
     refuse_softcapping(getattr(model, "config", None))
     windows = layer_windows(getattr(model, "config", None))
 
@@ -241,7 +250,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         deepspeed.init_distributed(dist_backend=dist_backend)
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
-                                               offload_optimizer=offload_optimizer, ring_size=ring_size)
+                                               offload_optimizer=offload_optimizer, ring_size=ring_size,
+                                               ep_size=ep_size)
 
     from autosp.compiler.backend import make_backend
     from autosp.compiler.context import SPContext
@@ -258,14 +268,22 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         if names:
             set_z3_leaf_modules_by_name(model, names)
 
+    from autosp.compiler.experts import optimizer_param_groups, prepare_experts
+
+    prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
+    # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
+    params = optimizer_param_groups(model) if candidate.ep > 1 else model.parameters()
+    if candidate.ep > 1 and isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError("with ep > 1 pass optimizer as a callable (params -> optimizer): autosp shards the experts "
+                         "and builds the optimizer over the parameters each rank keeps")
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     if optimizer is None and "optimizer" not in config:
         if offload and torch.cuda.is_available():  # DeepSpeed's CPU Adam runs the offloaded step
             config["optimizer"] = {"type": "AdamW", "params": {"lr": lr}}
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+            optimizer = torch.optim.AdamW(params, lr=lr)
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        optimizer = optimizer(model.parameters())
+        optimizer = optimizer(params)
     if offload and optimizer is not None:
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # a torch optimizer steps the host copy
     ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)

@@ -273,6 +273,7 @@ class Candidate:
     sequence_chunks: int = 1
     offload_chunks: bool = False
     offload_param: bool = False
+    ep: int = 1
 
     def __post_init__(self):
         for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks"):
@@ -298,6 +299,9 @@ class Candidate:
             raise ValueError("offload_chunks moves the chunks of sequence-chunked layers; it needs sequence_chunks > 1")
         if self.offload_param and self.zero_stage != 3:
             raise ValueError("offload_param (ZeRO-3 parameter offload) needs zero_stage 3")
+        if not isinstance(self.ep, int) or self.ep < 1 or (self.sp * self.dp) % self.ep:
+            raise ValueError(f"ep ({self.ep!r}) must be a positive integer dividing sp x dp ({self.sp * self.dp}): "
+                             f"the expert-parallel groups are folded onto the ranks holding distinct tokens")
 
     @property
     def world_size(self) -> int:
