@@ -270,7 +270,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
 
     from autosp.compiler.experts import optimizer_param_groups, prepare_experts
 
-    prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
+    moe = prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
     # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
     params = optimizer_param_groups(model) if candidate.ep > 1 else model.parameters()
     if candidate.ep > 1 and isinstance(optimizer, torch.optim.Optimizer):
@@ -305,6 +305,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
     ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
     ctx.layer_windows = windows
+    if moe:
+        from autosp.compiler.router_loss import patch_router_loss
+
+        if patch_router_loss(ds_engine.module):  # the router's load-balancing loss over the whole batch
+            ctx.router_key = f"router-{id(ctx):x}"
     if windows and len(set(windows)) > 1:
         ctx.param_layers = _parameter_layers(ds_engine.module)
         if ctx.fragments:

@@ -235,6 +235,7 @@ def prepare_experts(model: torch.nn.Module, ep: int) -> int:
             raise UsageError(f"ep={ep} needs a mixture-of-experts model; this one has no experts module")
         return 0
     _register()
+    install_output_capture(model)
     group = ""
     rank = 0
     if ep > 1:
@@ -272,6 +273,19 @@ def prepare_experts(model: torch.nn.Module, ep: int) -> int:
         module.ep_size, module.ep_rank, module.ep_group_name = ep, rank, ep_group_name(ep)
         module.num_local_experts = local
     return len(found)
+
+
+def install_output_capture(model: torch.nn.Module) -> None:
+    """Install transformers' output-recording hooks (``router_logits`` for the load-balancing loss) before the
+    model is compiled: installed lazily on the first forward, under a ``threading.Lock`` that Dynamo cannot
+    trace (a graph break, fatal at ZeRO 0-2). Once installed, the forward skips the lock."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, maybe_install_capturing_hooks
+    except ImportError:  # a transformers without output capturing has no lock either
+        return
+    for module in model.modules():
+        if _CAN_RECORD_REGISTRY.get(module):
+            maybe_install_capturing_hooks(module)
 
 
 def optimizer_param_groups(model: torch.nn.Module) -> list[dict]:
