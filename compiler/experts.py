@@ -239,8 +239,11 @@ def prepare_experts(model: torch.nn.Module, ep: int) -> int:
     group = ""
     rank = 0
     if ep > 1:
+        import deepspeed.comm
         from deepspeed.utils import groups
 
+        if not deepspeed.comm.is_initialized():  # DeepSpeed's groups go through deepspeed.comm, which wraps the
+            deepspeed.comm.init_distributed(dist_backend=dist.get_backend())  # running process group
         name = ep_group_name(ep)
         if name not in groups._get_expert_parallel_group_dict():
             groups._create_expert_and_data_parallel(expert_parallel_size_=ep, mp_size=1, pp_size=1, mp_mode="sp")
