@@ -234,11 +234,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
     from autosp.compiler.windows import layer_windows, refuse_softcapping
-    from autosp.cost_models.architectures import config_refusal
+    from autosp.cost_models.architectures import check_config
 
-    refused = config_refusal(getattr(model, "config", None))  # the planner's list: both refuse the same models
-    if refused:
-        raise UsageError(refused)
+    check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
     refuse_softcapping(getattr(model, "config", None))
     windows = layer_windows(getattr(model, "config", None))
 

@@ -35,25 +35,37 @@ REFUSED: dict[str, str] = {
 }
 
 
-def refusal(model_type: str, *, is_encoder_decoder: bool = False, has_vision: bool = False) -> str | None:
-    """Why autosp refuses a model of this ``model_type`` (one line), or None when it is accepted. A config
-    that says ``is_encoder_decoder`` or holds a ``vision_config`` is refused whatever its type."""
-    name = model_type or "this model"
-    reason = REFUSED.get(model_type or "")
-    if reason is None and is_encoder_decoder:
+def config_dict(config) -> dict:
+    """A plain dict of a config.json dict or a transformers config object (None: empty)."""
+    if isinstance(config, dict):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    return dict(getattr(config, "__dict__", {}))
+
+
+def architecture_refusal(config) -> str | None:
+    """Why autosp refuses the architecture of ``config`` (a config.json dict or a transformers config), as the end
+    of a sentence, or None when it is accepted. A config that says ``is_encoder_decoder`` or holds a
+    ``vision_config`` is refused whatever its type."""
+    data = config_dict(config)
+    model_type = str(data.get("model_type", "") or "")
+    reason = REFUSED.get(model_type)
+    if reason is None and data.get("is_encoder_decoder") is True:
         reason = ENCODER_DECODER
-    if reason is None and has_vision:
+    if reason is None and isinstance(data.get("vision_config"), dict):
         reason = VISION_LANGUAGE
-    return None if reason is None else f"{name} is {reason}; autosp does not support it"
+    return None if reason is None else f"{model_type or 'this model'} is {reason}"
 
 
-def config_refusal(config) -> str | None:
-    """:func:`refusal` for a Hugging Face config object or a config.json dict."""
-    if config is None:
-        return None
-    get = config.get if isinstance(config, dict) else (lambda key, default=None: getattr(config, key, default))
-    return refusal(get("model_type", None) or "", is_encoder_decoder=bool(get("is_encoder_decoder", False)),
-                   has_vision=get("vision_config", None) is not None)
+def check_config(config, where: str = "model config") -> None:
+    """One-line UsageError naming the architecture when autosp refuses it; ``where`` names the source."""
+    from autosp.errors import UsageError
+
+    reason = architecture_refusal(config)
+    if reason:
+        raise UsageError(f"{where}: {reason}; autosp does not support it")
 
 
-__all__ = ["REFUSED", "config_refusal", "refusal"]
+__all__ = ["REFUSED", "architecture_refusal", "check_config", "config_dict"]
