@@ -27,11 +27,12 @@ def load_plan(path):
 
 
 def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                      grad_accum=None, offload_optimizer=None, ring_size=None) -> tuple[Candidate, object]:
+                      grad_accum=None, offload_optimizer=None, ring_size=None, ep_size=None
+                      ) -> tuple[Candidate, object]:
     """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
     overrides = {k: v for k, v in (("dp", dp_size), ("zero_stage", zero_stage), ("micro_batch", micro_batch),
                                    ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer),
-                                   ("ring", ring_size))
+                                   ("ring", ring_size), ("ep", ep_size))
                  if v is not None}
     source = None
     if plan is not None:
@@ -183,7 +184,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                   backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
                   pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
                   z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False,
-                  optim=None, lr_scheduler=None):
+                  optim=None, lr_scheduler=None, ep_size: int | None = None):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
@@ -221,6 +222,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             CUDA, gloo otherwise).
         z3_leaf_modules: ZeRO-3 only: module names gathered as one unit and traced as one graph (default:
             the children of every ``nn.ModuleList``).
+        ep_size: expert parallelism for a mixture-of-experts model (a plan carries it as its candidate's
+            ``ep``; default 1): each expert lives on one rank of every group of ``ep_size`` ranks, tokens travel
+            to their experts by all-to-all (:mod:`autosp.compiler.experts`). It divides the experts and dp x sp.
         packed: the batches hold packed documents (``position_ids`` restarting at 0, or ``seq_lens`` /
             ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
             when the first batch is packed or the model has sliding-window layers (read from its config).
@@ -235,7 +239,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
     from autosp.compiler.windows import layer_windows, refuse_softcapping
+    from autosp.cost_models.architectures import check_config
 
+    check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
     refuse_softcapping(getattr(model, "config", None))
     windows = layer_windows(getattr(model, "config", None))
 
@@ -247,7 +253,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         deepspeed.init_distributed(dist_backend=dist_backend)
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
-                                               offload_optimizer=offload_optimizer, ring_size=ring_size)
+                                               offload_optimizer=offload_optimizer, ring_size=ring_size,
+                                               ep_size=ep_size)
 
     from autosp.compiler.backend import make_backend
     from autosp.compiler.context import SPContext
@@ -264,6 +271,14 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         if names:
             set_z3_leaf_modules_by_name(model, names)
 
+    from autosp.compiler.experts import optimizer_param_groups, prepare_experts
+
+    moe = prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
+    # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
+    params = optimizer_param_groups(model) if candidate.ep > 1 else model.parameters()
+    if candidate.ep > 1 and isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError("with ep > 1 pass optimizer as a callable (params -> optimizer): autosp shards the experts "
+                         "and builds the optimizer over the parameters each rank keeps")
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     from autosp.compiler.training.schedule import OptimizerOptions, make_optimizer, scheduler_factory
 
@@ -277,9 +292,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             config["optimizer"] = {"type": "AdamW", "params": {"lr": options.lr,
                                                                "weight_decay": options.weight_decay}}
         else:
-            optimizer = make_optimizer(options, model.parameters())
+            optimizer = make_optimizer(options, params)
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        optimizer = optimizer(model.parameters())
+        optimizer = optimizer(params)
     if offload and optimizer is not None:
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # a torch optimizer steps the host copy
     ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, lr_scheduler=lr_scheduler)
@@ -301,6 +316,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
     ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
     ctx.layer_windows = windows
+    if moe:
+        from autosp.compiler.router_loss import patch_router_loss
+
+        if patch_router_loss(ds_engine.module):  # the router's load-balancing loss over the whole batch
+            ctx.router_key = f"router-{id(ctx):x}"
     if windows and len(set(windows)) > 1:
         ctx.param_layers = _parameter_layers(ds_engine.module)
         if ctx.fragments:

@@ -58,6 +58,7 @@ class SPContext:
     # its sliding window in tokens or None (global); None: no layer has one.
     rule: str = ""
     layer_windows: tuple | None = None
+    router_key: str = ""          # MoE: the key this engine publishes its real tokens under (router_loss.py)
     param_layers: dict = field(default_factory=dict)  # id(parameter) -> its decoder layer (ZeRO-3 fragments)
     stats: PassStats = field(default_factory=PassStats)
 

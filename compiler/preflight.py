@@ -151,6 +151,9 @@ def hf_model_class(facts: ModelFacts):
     model_type = config.pop("model_type", None)
     if not model_type:
         raise UsageError(f"model config {facts.hf_path} has no model_type; is it a Hugging Face config.json?")
+    from autosp.cost_models.architectures import check_config
+
+    check_config(facts.hf_config, str(facts.hf_path))  # the list the planner and autosp.compile refuse too
     try:
         hf_config = transformers.AutoConfig.for_model(model_type, **config)
     except (ValueError, KeyError) as err:

@@ -232,7 +232,7 @@ class SPEngine:
             inputs["use_cache"] = False
         before = dict(ops.CALLS)
         try:
-            with sdpa_guard():
+            with sdpa_guard(), self._router_loss(batch):
                 out = self.ds_engine(**inputs, **kwargs)
         except AutospError:
             raise
@@ -258,6 +258,21 @@ class SPEngine:
                              "call torch.nn.functional.scaled_dot_product_attention (Hugging Face: "
                              "attn_implementation='sdpa')")
         return _extract_loss(out)
+
+    @contextlib.contextmanager
+    def _router_loss(self, batch: LocalBatch):
+        """MoE: during the call the model's load-balancing loss is the global one (router_loss.py)."""
+        if not self.ctx.router_key:
+            yield
+            return
+        from autosp.compiler import router_loss
+
+        router_loss.publish_real_tokens(self.ctx.router_key, batch.spans, batch.seq_len)
+        router_loss._ACTIVE.append(self.ctx)
+        try:
+            yield
+        finally:
+            router_loss._ACTIVE.remove(self.ctx)
 
     def backward(self, loss: torch.Tensor, **kwargs):
         return self.ds_engine.backward(loss, **kwargs)

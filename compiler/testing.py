@@ -114,10 +114,24 @@ def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: i
     return {"losses": losses, "grads": grads, "weights": weights, "grad_norm": grad_norm, "clip": clip}
 
 
+def _all_experts(param, value):
+    """An expert-parallel parameter's tensor for every expert: this rank's experts gathered over its EP group
+    (:mod:`autosp.compiler.experts`), in expert order; other parameters unchanged."""
+    group = getattr(param, "autosp_expert_group", "")
+    if not group or value is None:
+        return value
+    from autosp.compiler.ops import _group
+
+    pg = _group(group)
+    parts = [torch.empty_like(value) for _ in range(dist.get_world_size(group=pg))]
+    dist.all_gather(parts, value.contiguous(), group=pg)
+    return torch.cat(parts)
+
+
 def full_grad(param):
     from deepspeed.utils import safe_get_full_grad
 
-    grad = safe_get_full_grad(param)
+    grad = _all_experts(param, safe_get_full_grad(param))
     return None if grad is None else grad.detach().float().cpu().clone()
 
 
@@ -127,7 +141,7 @@ def full_weight(param):
     value = safe_get_full_fp32_param(param)
     if value is None:
         value = param.detach()
-    return value.detach().float().cpu().clone()
+    return _all_experts(param, value.detach().float()).cpu().clone()
 
 
 def sp_run(model, batches, optimizer_fn, **compile_kwargs) -> dict:

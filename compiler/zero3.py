@@ -52,16 +52,22 @@ def persist_lm_head(ds_engine) -> int:
     head = lm_head_module(module)
     if head is None:
         return 0
-    embedding_params = {id(p) for m in module.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    if any(id(p) in embedding_params for p in head.parameters()):
-        from autosp.errors import UsageError
+    head_params = {id(p) for p in head.parameters()}
+    # Tied embeddings: the input embedding shares the head's weight, and DeepSpeed releases a module's
+    # parameters after its forward (on the first step without looking at ds_persist), so the embedding's
+    # hooks would free the weight the inline head reads. The embedding is unhooked too: the weight is
+    # persistent, nothing needs to fetch it.
+    tied = [m for m in module.modules() if m is not head and any(id(p) in head_params for p in m.parameters(recurse=False))]
+    for owner in (head, *tied):
+        if any(id(p) not in head_params for p in owner.parameters(recurse=False)):
+            from autosp.errors import UsageError
 
-        raise UsageError("loss_chunks > 1 under ZeRO-3 does not work with tied embeddings yet; re-plan with "
-                         "loss_chunks=1 or zero_stage<=2")
-    for hooks in (head._forward_pre_hooks, head._forward_hooks):
-        for key, hook in list(hooks.items()):
-            if getattr(hook, "__module__", "").startswith("deepspeed."):
-                del hooks[key]
+            raise UsageError(f"loss_chunks > 1 under ZeRO-3: {type(owner).__name__} shares the LM head's weight and "
+                             f"holds other parameters; re-plan with loss_chunks=1 or zero_stage<=2")
+        for hooks in (owner._forward_pre_hooks, owner._forward_hooks):
+            for key, hook in list(hooks.items()):
+                if getattr(hook, "__module__", "").startswith("deepspeed."):
+                    del hooks[key]
     persistent = ds_engine.optimizer.persistent_parameters  # the list _post_step re-gathers
     params = [p for p in head.parameters(recurse=True) if not getattr(p, "ds_persist", False)]
     for p in params:

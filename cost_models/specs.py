@@ -349,9 +349,9 @@ class Candidate:
             raise ValueError("offload_chunks moves the chunks of sequence-chunked layers; it needs sequence_chunks > 1")
         if self.offload_param and self.zero_stage != 3:
             raise ValueError("offload_param (ZeRO-3 parameter offload) needs zero_stage 3")
-        if (self.sp * self.dp) % self.ep:
-            raise ValueError(f"ep ({self.ep}) must divide sp x dp ({self.sp * self.dp}): the expert-parallel group is "
-                             "folded onto the ranks that hold distinct tokens")
+        if not isinstance(self.ep, int) or self.ep < 1 or (self.sp * self.dp) % self.ep:
+            raise ValueError(f"ep ({self.ep!r}) must be a positive integer dividing sp x dp ({self.sp * self.dp}): "
+                             f"the expert-parallel groups are folded onto the ranks holding distinct tokens")
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,304 @@
+"""Expert parallelism for Hugging Face mixture-of-experts blocks (Qwen3-MoE, Mixtral, OLMoE, ...).
+
+transformers 5 stores a MoE block's experts as one module with two 3-D parameters, ``gate_up_proj`` [E, 2I, H]
+and ``down_proj`` [E, H, I], called as ``experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])``
+through its ``ExpertsInterface`` (``config._experts_implementation`` picks the function). autosp registers
+one more implementation there, ``"autosp_ep"``, which calls :func:`moe_experts`, a custom op:
+
+- with expert parallelism (``ep`` > 1) each rank of an EP group of ``ep`` ranks keeps only its E/ep experts
+  (rank r: experts ``r*E/ep .. (r+1)*E/ep - 1``); the op sends every (token, chosen expert) row to the rank
+  that owns the expert (``all_to_all_single`` with the exact per-rank counts, exchanged first: no capacity,
+  no token dropped), runs each local expert on the rows it received, sends the results back the same way and
+  adds them, weighted by the router, into the token's output;
+- with ``ep`` = 1 it runs the same computation locally: one op instead of Hugging Face's eager loop over the
+  experts that were hit, whose ``nonzero()`` is a data-dependent graph break.
+
+The op is opaque to Dynamo, AOTAutograd and Inductor (its row counts depend on the routing, so no static
+graph could hold them). Its gradient is a second op that recomputes the forward under autograd (including
+the two exchanges, whose gradients are the reverse exchanges) and differentiates it: every EP rank runs the
+same layers in the same order, so the collectives of the recomputation pair up.
+
+Which ranks form an EP group. Every rank of the dp x sp world holds distinct tokens (SP ranks different
+positions, DP ranks different rows), so an EP group may be any ``ep`` of them: DeepSpeed's expert groups
+(``deepspeed.utils.groups._create_expert_and_data_parallel``) take consecutive ranks, which with autosp's
+SP-major layout keeps an EP group inside an SP group (a node) whenever ``ep`` divides ``sp``. The
+*expert-data-parallel* group of a rank is the world/ep ranks holding the same experts.
+
+Gradients and ZeRO. The expert parameters are DeepSpeed MoE parameters (``allreduce=False``, ``group_name``):
+DeepSpeed reduces them over the expert-data-parallel group and divides by the whole data-parallel world W
+(ZeRO 0: ``_reduce_expert_gradients``; ZeRO 1/2: the MoE optimizer groups; ZeRO 3: the AutoEP
+``autoep_expert`` placement, partitioned over the expert-data-parallel group, so a rank never gathers other
+ranks' experts). That is exact here: the loss pass makes each rank's gradient W * d(its token-loss sum) / N,
+an expert's gradient on its owner is that summed over the EP group's tokens routed to it, and the sum over
+the expert-data-parallel group covers every token of the world once; / W leaves d(loss)/d(expert).
+DeepSpeed only enables its MoE code paths for models holding a ``deepspeed.moe`` or AutoEP layer, so each
+sharded experts module is given a class that is also an ``AutoEPMoELayer`` (no behaviour taken from it but
+``set_deepspeed_parallelism``, which binds the EP group).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from autosp.compiler.ops import CALLS, _group, _needs_fp32_transport
+from autosp.errors import UsageError
+
+IMPLEMENTATION = "autosp_ep"
+
+
+def _activation(name: str):
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+class _ExchangeRows(torch.autograd.Function):
+    """Rows of ``x`` sent to the ranks of ``group`` by ``send`` counts, ``recv`` counts arriving; the gradient
+    goes back the reverse way."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv, pg):
+        ctx.send, ctx.recv, ctx.pg = send, recv, pg
+        return _exchange(x, send, recv, pg)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad.contiguous(), ctx.recv, ctx.send, ctx.pg), None, None, None
+
+
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], pg) -> torch.Tensor:
+    CALLS["moe_all_to_all"] += 1
+    wire = x.float() if _needs_fp32_transport(x) else x
+    out = wire.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, wire.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=pg)
+    return out.to(x.dtype)
+
+
+def _local_experts(x: torch.Tensor, expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act) -> torch.Tensor:
+    """Each row of ``x`` through its local expert (``expert``: index into ``gate_up`` / ``down``), Hugging
+    Face's gated MLP: down(act(gate) * up)."""
+    order = torch.argsort(expert, stable=True)
+    counts = torch.bincount(expert, minlength=gate_up.shape[0]).tolist()
+    parts, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            rows = x.index_select(0, order[start:start + n])
+            gate, up = torch.nn.functional.linear(rows, gate_up[e]).chunk(2, dim=-1)
+            parts.append(torch.nn.functional.linear(act(gate) * up, down[e]))
+        start += n
+    if not parts:
+        return x.new_zeros((0, down.shape[1])) + 0 * (gate_up.sum() + down.sum())
+    out = torch.cat(parts)
+    return out.index_select(0, torch.argsort(order))  # back to the rows' order
+
+
+def _forward(hidden, top_k_index, top_k_weights, gate_up, down, group: str, act: str) -> torch.Tensor:
+    k = top_k_index.shape[1]
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)        # assignments grouped by expert, hence by owner rank
+    token = order // k
+    chosen = flat.index_select(0, order)
+    x = hidden.index_select(0, token)
+    n_local = gate_up.shape[0]
+    if group:
+        pg = _group(group)
+        ep = dist.get_world_size(group=pg)
+        owner = chosen // n_local
+        send_counts = torch.bincount(owner, minlength=ep)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=pg)
+        send, recv = send_counts.tolist(), recv_counts.tolist()
+        x = _ExchangeRows.apply(x, send, recv, pg)
+        local = _exchange(chosen - owner * n_local, send, recv, pg)
+        y = _ExchangeRows.apply(_local_experts(x, local, gate_up, down, _activation(act)), recv, send, pg)
+    else:
+        y = _local_experts(x, chosen, gate_up, down, _activation(act))
+    weights = top_k_weights.reshape(-1).index_select(0, order)
+    weighted = (y * weights.unsqueeze(-1)).to(hidden.dtype)
+    return torch.zeros_like(hidden).index_add(0, token, weighted)
+
+
+@torch.library.custom_op("autosp_ops::moe_experts", mutates_args=())
+def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up: torch.Tensor,
+                down: torch.Tensor, group: str, act: str) -> torch.Tensor:
+    """The experts' weighted output for every token ([T, H]); ``group``: the EP group's name ('' = no EP)."""
+    with torch.no_grad():
+        return _forward(hidden, top_k_index, top_k_weights, gate_up, down, group, act)
+
+
+@moe_experts.register_fake
+def _moe_experts_fake(hidden, top_k_index, top_k_weights, gate_up, down, group, act):
+    return torch.empty_like(hidden)
+
+
+@torch.library.custom_op("autosp_ops::moe_experts_backward", mutates_args=())
+def moe_experts_backward(grad: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, group: str,
+                         act: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :func:`moe_experts` for hidden, top_k_weights, gate_up and down: the forward recomputed
+    under autograd (its exchanges included) and differentiated."""
+    from autosp.compiler.chunked_layer import _autograd_inside_op
+
+    leaves = [t.detach().requires_grad_(True) for t in (hidden, top_k_weights, gate_up, down)]
+    with _autograd_inside_op():
+        out = _forward(leaves[0], top_k_index, leaves[1], leaves[2], leaves[3], group, act)
+        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
+    return tuple(torch.zeros_like(leaf) if g is None else g.contiguous() for g, leaf in zip(grads, leaves))
+
+
+@moe_experts_backward.register_fake
+def _moe_experts_backward_fake(grad, hidden, top_k_index, top_k_weights, gate_up, down, group, act):
+    return (torch.empty_like(hidden), torch.empty_like(top_k_weights), torch.empty_like(gate_up),
+            torch.empty_like(down))
+
+
+def _setup(ctx, inputs, output):
+    hidden, top_k_index, top_k_weights, gate_up, down, ctx.group, ctx.act = inputs
+    ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up, down)
+
+
+def _backward(ctx, grad):
+    hidden, top_k_index, top_k_weights, gate_up, down = ctx.saved_tensors
+    dh, dw, dgu, dd = moe_experts_backward(grad.contiguous(), hidden, top_k_index, top_k_weights, gate_up, down,
+                                           ctx.group, ctx.act)
+    return dh, None, dw, dgu, dd, None, None
+
+
+moe_experts.register_autograd(_backward, setup_context=_setup)
+
+
+# --- Hugging Face integration ----------------------------------------------------------------------------
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The ``ExpertsInterface`` function (``config._experts_implementation = "autosp_ep"``)."""
+    return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj,
+                       getattr(self, "_autosp_ep_group", ""), self._autosp_act)
+
+
+def _register() -> None:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, experts_forward)
+
+
+def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The Hugging Face experts modules of ``model`` (transformers' ``use_experts_implementation`` classes
+    holding 3-D ``gate_up_proj`` / ``down_proj``)."""
+    found = []
+    for name, module in model.named_modules():
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if hasattr(module, "_apply_gate") and isinstance(gate_up, torch.nn.Parameter) and gate_up.dim() == 3 \
+                and isinstance(down, torch.nn.Parameter) and down.dim() == 3:
+            found.append((name, module))
+    return found
+
+
+def _check_layout(name: str, module) -> None:
+    unsupported = [flag for flag, ok in (("has_bias", not getattr(module, "has_bias", False)),
+                                         ("is_transposed", not getattr(module, "is_transposed", False)),
+                                         ("has_gate=False", getattr(module, "has_gate", True)),
+                                         ("is_concatenated=False", getattr(module, "is_concatenated", True)),
+                                         ("has_post_expert_norm", not getattr(module, "has_post_expert_norm", False)))
+                   if not ok]
+    if unsupported or not isinstance(getattr(module, "config", None), object) or \
+            not isinstance(getattr(module.config, "hidden_act", None), str):
+        raise UsageError(f"the experts at {name} ({type(module).__name__}: {', '.join(unsupported) or 'no hidden_act'}) "
+                         f"are not the gated, bias-free layout autosp's expert op computes")
+
+
+_EP_CLASSES: dict = {}
+
+
+def _ep_class(base: type) -> type:
+    """``base`` that DeepSpeed also recognises as an AutoEP layer (see the module doc)."""
+    from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
+
+    if base not in _EP_CLASSES:
+        _EP_CLASSES[base] = type(base.__name__, (base, AutoEPMoELayer),
+                                 {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                                  "forward": base.forward})
+    return _EP_CLASSES[base]
+
+
+def ep_group_name(ep: int) -> str:
+    return f"ep_size_{ep}"
+
+
+def prepare_experts(model: torch.nn.Module, ep: int) -> int:
+    """Route every experts module of ``model`` through :func:`moe_experts`; with ``ep`` > 1 keep only this
+    rank's experts and mark them as DeepSpeed MoE parameters of the EP group (created here, collectively).
+    Returns the number of experts modules (0: not a MoE model; then ``ep`` must be 1)."""
+    found = experts_modules(model)
+    if not found:
+        if ep > 1:
+            raise UsageError(f"ep={ep} needs a mixture-of-experts model; this one has no experts module")
+        return 0
+    _register()
+    install_output_capture(model)
+    group = ""
+    rank = 0
+    if ep > 1:
+        import deepspeed.comm
+        from deepspeed.utils import groups
+
+        if not deepspeed.comm.is_initialized():  # DeepSpeed's groups go through deepspeed.comm, which wraps the
+            deepspeed.comm.init_distributed(dist_backend=dist.get_backend())  # running process group
+        name = ep_group_name(ep)
+        if name not in groups._get_expert_parallel_group_dict():
+            groups._create_expert_and_data_parallel(expert_parallel_size_=ep, mp_size=1, pp_size=1, mp_mode="sp")
+        pg = groups._get_expert_parallel_group(name)
+        group, rank = pg.group_name, dist.get_rank(group=pg)
+    configs = set()
+    for name, module in found:
+        _check_layout(name, module)
+        n_experts = module.gate_up_proj.shape[0]
+        if n_experts % ep:
+            raise UsageError(f"ep={ep} does not divide the {n_experts} experts of {name}")
+        module._autosp_act = module.config.hidden_act
+        configs.add(id(module.config))
+        module.config._experts_implementation = IMPLEMENTATION
+        if ep == 1:
+            continue
+        local = n_experts // ep
+        for attr in ("gate_up_proj", "down_proj"):
+            full = getattr(module, attr)
+            param = torch.nn.Parameter(full.detach()[rank * local:(rank + 1) * local].clone(),
+                                       requires_grad=full.requires_grad)
+            param.allreduce = False                          # DeepSpeed MoE parameter: reduced over the
+            param.group_name = ep_group_name(ep)             # expert-data-parallel group
+            param.ds_zero_placement_family = "autoep_expert"  # ZeRO-3: partitioned over that group only
+            param.ds_zero_partition_group_name = ep_group_name(ep)
+            param.autosp_expert_group = group                # tests gather the full tensor over it
+            setattr(module, attr, param)
+        module._autosp_ep_group = group
+        module.__class__ = _ep_class(type(module))
+        module.ep_size, module.ep_rank, module.ep_group_name = ep, rank, ep_group_name(ep)
+        module.num_local_experts = local
+    return len(found)
+
+
+def install_output_capture(model: torch.nn.Module) -> None:
+    """Install transformers' output-recording hooks (``router_logits`` for the load-balancing loss) before the
+    model is compiled: installed lazily on the first forward, under a ``threading.Lock`` that Dynamo cannot
+    trace (a graph break, fatal at ZeRO 0-2). Once installed, the forward skips the lock."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, maybe_install_capturing_hooks
+    except ImportError:  # a transformers without output capturing has no lock either
+        return
+    for module in model.modules():
+        if _CAN_RECORD_REGISTRY.get(module):
+            maybe_install_capturing_hooks(module)
+
+
+def optimizer_param_groups(model: torch.nn.Module) -> list[dict]:
+    """The model's parameters as optimizer groups with the expert parameters apart (DeepSpeed's
+    ``split_params_into_different_moe_groups_for_optimizer``), as its ZeRO 1/2 MoE support requires."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    return split_params_into_different_moe_groups_for_optimizer(
+        {"params": [p for p in model.parameters()], "name": "dense"})
+
+
+__all__ = ["IMPLEMENTATION", "experts_forward", "experts_modules", "moe_experts", "moe_experts_backward",
+           "optimizer_param_groups", "prepare_experts"]

@@ -1,0 +1,232 @@
+"""Model families beyond Llama trained through autosp == one process (fp32, 1e-5): mixture of experts with expert
+parallelism, tied embeddings at ZeRO-3 with a tiled loss, Gemma 3 with a ring.
+
+Tiny Hugging Face Qwen3-MoE, Mixtral and OLMoE (4 experts, top-2) built from configs. Each spawned job (world 2,
+world 4) trains 3 AdamW steps per case; rank 0 compares the loss of every step, every gradient of the first step
+and every weight after the last against one process on the full batches. Expert-parallel parameters hold this
+rank's experts only: the comparison gathers them over the EP group (:func:`autosp.compiler.testing.full_grad`).
+Cases cover SP alone (autosp's expert op replaces Hugging Face's data-dependent expert loop), EP = 2 inside the
+SP group, EP across SP and DP (4 processes), ZeRO 0-3 (at ZeRO-3 the expert parameters are partitioned over the
+expert-data-parallel group: a rank never holds, nor gathers, another rank's experts), the router's auxiliary
+load-balancing loss over the whole batch, packed documents, and the refusals.
+
+Tied embeddings (HF Llama and Qwen3 with ``tie_word_embeddings``) at ZeRO-3 with ``loss_chunks`` 3: the LM head is
+traced inline with the tiled loss and its weight, shared with the input embedding, stays gathered
+(``compiler/zero3.py``); the gradient is the sum of both uses. Gemma 3 (text): interleaved sliding-window and global
+layers with their own RoPE bases, query pre-attention scaling, the embedding scale, at SP 2 with a ring of 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_compiler_exact import TOL, VOCAB, Z3, make_batches, sgd  # noqa: E402
+from test_compiler_packed import packed_batches  # noqa: E402
+
+from autosp.compiler.testing import assert_within
+
+N_EXPERTS = 4
+
+
+def moe_model(kind, aux=False, n_experts=N_EXPERTS):
+    import transformers
+
+    config_cls, model_cls, extra = {
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+                      dict(num_experts=n_experts, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True)),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(num_local_experts=n_experts)),
+        "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM, dict(num_experts=n_experts)),
+    }[kind]
+    config = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_experts_per_tok=2,
+                        max_position_embeddings=256, attn_implementation="sdpa", use_cache=False,
+                        output_router_logits=aux, router_aux_loss_coef=0.1, **extra)
+    torch.manual_seed(0)
+    model = model_cls(config)
+    with torch.no_grad():  # Qwen3-MoE's router starts at zero (ties everywhere): give it a real routing
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 0.5)
+    return model
+
+
+def tied(kind):
+    import transformers
+
+    config_cls, model_cls, extra = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=16)),
+    }[kind]
+    config = config_cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        attn_implementation="sdpa", use_cache=False, tie_word_embeddings=True, **extra)
+    torch.manual_seed(0)
+    model = model_cls(config)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
+def gemma3():
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                           head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                           max_position_embeddings=256, attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(0)
+    return transformers.Gemma3ForCausalLM(config)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+
+# name -> (world, model factory, batches, compile kwargs[, optimizer]); compile kwargs' plan_knobs: a Candidate's
+# fields beyond sp, micro_batch and zero_stage
+EXACT = {
+    # tied embeddings at ZeRO-3 with a tiled loss (S % P != 0 for Llama)
+    "llama_tied_zero3_loss3": (2, lambda: tied("llama"), dict(seq=31),
+                               dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3,
+                                    plan_knobs=dict(loss_chunks=3)), sgd),
+    "qwen3_tied_zero3_loss3": (2, lambda: tied("qwen3"), dict(seq=32),
+                               dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3,
+                                    plan_knobs=dict(loss_chunks=3)), sgd),
+    # Gemma 3: windows, RoPE bases, query pre-attention scale, pure ring of 2
+    "gemma3_sp2_ring2": (2, gemma3, dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
+    # SP alone: the expert op instead of HF's expert loop; the load-balancing loss over both ranks' tokens; S % P
+    "qwen3_moe_sp2_aux_pad": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31),
+                              dict(sp_size=2, micro_batch=2)),
+    # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss
+    "qwen3_moe_sp2_ep2_zero3_aux": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
+                                    dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=3, ds_config=Z3)),
+    # Mixtral, EP 2, ZeRO-1 (DeepSpeed's MoE optimizer groups)
+    "mixtral_sp2_ep2_zero1": (2, lambda: moe_model("mixtral"), dict(seq=32),
+                              dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=1)),
+    # OLMoE, EP 2, ZeRO-2, aux loss
+    "olmoe_sp2_ep2_zero2_aux": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
+                                dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=2)),
+    # packed documents (seq_lens), EP 2: every document trains on its own
+    "qwen3_moe_sp2_ep2_packed": (2, lambda: moe_model("qwen3_moe"), "packed", dict(sp_size=2, micro_batch=2, ep_size=2)),
+    # SP 2 x DP 2, EP 2 inside each SP group, aux loss over all 4 ranks
+    "qwen3_moe_sp2_dp2_ep2_aux": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
+                                  dict(sp_size=2, dp_size=2, micro_batch=1, ep_size=2)),
+    # EP 4 across SP and DP (one expert per rank), ZeRO-3
+    "mixtral_sp2_dp2_ep4_zero3": (4, lambda: moe_model("mixtral"), dict(seq=32),
+                                  dict(sp_size=2, dp_size=2, micro_batch=1, ep_size=4, zero_stage=3, ds_config=Z3)),
+    # SP 4, EP 2, OLMoE
+    "olmoe_sp4_ep2": (4, lambda: moe_model("olmoe"), dict(seq=32), dict(sp_size=4, micro_batch=2, ep_size=2)),
+}
+
+ERRORS = {
+    "ep_not_dividing_experts": (lambda: moe_model("mixtral", n_experts=3), dict(sp_size=2, micro_batch=2, ep_size=2),
+                                "does not divide"),
+}
+
+
+def run_cases(rank, world, names):
+    from autosp.compiler import testing
+    from autosp.cost_models.specs import Candidate
+
+    def run_one(name):
+        _, factory, batch_kw, compile_kw, *optimizer = EXACT[name]
+        optimizer = optimizer[0] if optimizer else adamw
+        compile_kw = {"backend": "aot_eager", **compile_kw}
+        knobs = compile_kw.pop("plan_knobs", None)
+        if knobs:
+            compile_kw["plan"] = Candidate(sp=compile_kw.pop("sp_size"), micro_batch=compile_kw.pop("micro_batch"),
+                                           zero_stage=compile_kw.pop("zero_stage"), **knobs)
+        model = factory()
+        if batch_kw == "packed":
+            batches, loss_fn = packed_batches(form="seq_lens"), testing.packed_loss
+        else:
+            batches, loss_fn = make_batches(**batch_kw), None
+        got = testing.sp_run(model, batches, optimizer, **compile_kw)
+        if rank == 0:
+            ref = testing.reference_run(model, batches, optimizer, loss_fn=loss_fn)
+            return {"errors": testing.compare(got, ref), "losses_tiled": got["stats"].losses_tiled}
+        return None
+
+    return testing.run_cases(rank, [n for n in names if EXACT[n][0] == world], run_one)
+
+
+def run_errors(rank, world, names):
+    from autosp.compiler import testing
+    from autosp.compiler.api import compile_model
+    from autosp.errors import UsageError
+
+    def run_one(name):
+        factory, compile_kw, _ = ERRORS[name]
+        try:
+            compile_model(factory(), backend="aot_eager", **compile_kw)
+        except UsageError as err:
+            return {"error": str(err)}
+        return {"error": None}
+
+    return testing.run_cases(rank, names, run_one)
+
+
+def run_world2(rank, world):
+    out = run_cases(rank, world, list(EXACT))
+    out.update(run_errors(rank, world, list(ERRORS)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def world2():
+    from autosp.compiler import testing
+
+    return testing.spawn(run_world2, 2)
+
+
+@pytest.fixture(scope="module")
+def world4():
+    from autosp.compiler import testing
+
+    return testing.spawn(run_cases, 4, list(EXACT))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, case in EXACT.items() if case[0] == 2])
+def test_exact_world2(world2, name):
+    result = assert_within(world2[name], TOL)
+    assert (result["losses_tiled"] > 0) == ("loss3" in name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, case in EXACT.items() if case[0] == 4])
+def test_exact_world4(world4, name):
+    assert_within(world4[name], TOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_moe_refusals(world2, name):
+    error = world2[name]["error"]
+    assert error is not None and ERRORS[name][2] in error and "\n" not in error
+
+
+class _Configured(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.linear = torch.nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize("config, words", [
+    (dict(model_type="qwen3_next"), "hybrid linear-attention"),
+    (dict(model_type="t5"), "encoder-decoder"),
+    (dict(model_type="gemma3"), "vision-language"),
+    (dict(model_type="my_vlm", vision_config={}), "vision-language"),
+])
+def test_compile_refuses_architectures_before_building_anything(config, words):
+    from types import SimpleNamespace
+
+    from autosp.compiler.api import compile_model
+    from autosp.errors import UsageError
+
+    with pytest.raises(UsageError) as err:  # before torch.distributed or DeepSpeed: none is initialised here
+        compile_model(_Configured(SimpleNamespace(**config)), sp_size=1)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert not torch.distributed.is_initialized()
