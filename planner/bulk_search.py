@@ -49,7 +49,6 @@ def supported(space) -> bool:
 def space_groups(space):
     """(base candidate, row arrays) per shape group of ``space``: the candidates of :meth:`SearchSpace.candidates`,
     with checkpointing and overlap as indices into CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES."""
-    tied = space.model.tied_embeddings
     policy_index = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
     overlap_index = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
     selective = (policy_index["selective"], policy_index["sequence"])
@@ -72,8 +71,6 @@ def space_groups(space):
         keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
         keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
         keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
-        if tied:
-            keep &= ~((zero == 3) & (rows["loss_chunks"] > 1))      # zero3_loss_ok
         for micro, seq in itertools.product(per["micro_batch"], per["sequence_chunks"]):
             mask = keep.copy()
             if seq == 1:

@@ -647,12 +647,10 @@ def implied_choices(space: SearchSpace) -> dict[str, tuple]:
     with every knob that has a single choice (a pin, or a space with one value): the couplings of
     :func:`canonical` and :func:`make_candidate` read the other way round (activation offload needs a
     checkpointing policy, chunk offload sequence chunks, optimizer offload ZeRO >= 1, parameter offload ZeRO-3
-    with optimizer offload, sequence chunks checkpointing none or full and no head_pipeline, a tied model's
-    tiled loss ZeRO < 3). Repeated until nothing changes (one narrowing can leave another knob single). An
+    with optimizer offload, sequence chunks checkpointing none or full and no head_pipeline). Repeated until nothing changes (one narrowing can leave another knob single). An
     empty tuple: the single values exclude each other."""
     c = {name: tuple(getattr(space, name)) for name in space.KNOBS}
     pinned = set(space.pinned())  # never narrowed here: pins that exclude each other are said by pins.check_pins
-    tied = space.model.tied_embeddings
     while True:
         one = {name: values[0] for name, values in c.items() if len(values) == 1}
         rules = []  # (knob narrowed, test of its values)
@@ -676,10 +674,6 @@ def implied_choices(space: SearchSpace) -> dict[str, tuple]:
             rules += [("zero_stage", lambda v: v == 3), ("offload_optimizer", lambda v: v)]
         if one.get("offload_optimizer") is False or one.get("zero_stage", 3) != 3:
             rules.append(("offload_param", lambda v: not v))
-        if tied and one.get("loss_chunks", 1) > 1:
-            rules.append(("zero_stage", lambda v: v < 3))
-        if tied and one.get("zero_stage") == 3:
-            rules.append(("loss_chunks", lambda v: v == 1))
         changed = False
         for name, ok in rules:
             if name in pinned:
