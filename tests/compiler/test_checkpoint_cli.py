@@ -1,7 +1,8 @@
 """autosp-train --save-dir / --resume / --export-hf and autosp-export, as a user runs them (2 gloo processes).
 
-One uninterrupted run (SP=2, ZeRO-1, micro-batch 2, 8 steps, --save-every 4) on packed documents of a token
-file is the reference for everything else:
+One uninterrupted run (SP=2, ZeRO-1, micro-batch 2, 8 steps, --save-every 4) on packed text documents (a
+.jsonl tokenized with a tokenizer made here) with a cosine schedule after 2 warm-up steps is the reference for
+everything else:
 
 - the same run stopped by SIGTERM to its launcher after step 4 exits 0 with one line naming --resume, no rank
   outlives the launcher by 10 s, and ``--resume`` gives the losses of the remaining steps (<= 1e-6 relative);
@@ -11,8 +12,7 @@ file is the reference for everything else:
   ``from_pretrained``;
 - bad checkpoint input is one line and exit 2 before anything is built, and nothing is overwritten.
 
-Adding a schedule is one more argument in COMMON (e.g. ``--lr-schedule cosine``): the checkpoint carries the
-LR scheduler's state.
+The checkpoint carries the LR scheduler's state: a resumed cosine schedule that restarted would change the losses.
 """
 
 from __future__ import annotations
@@ -31,27 +31,34 @@ import pytest
 from autosp.compiler.testing import alive as _alive
 from autosp.compiler.testing import child_pids as _children
 
-SEP = 95
-VOCAB = 96
+VOCAB = 96  # the test tokenizer's 93 tokens fit
+
+
+def _write_docs(path, docs):
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
 
 
 def _setup(tmp):
     import transformers
 
+    from text_fixtures import documents, make_tokenizer
+
+    tokenizer = make_tokenizer(os.path.join(tmp, "tok"))
+    eos = transformers.AutoTokenizer.from_pretrained(tokenizer).eos_token_id
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                      eos_token_id=SEP)
+                                      eos_token_id=eos)
     model_dir = os.path.join(tmp, "tiny-llama")
     config.save_pretrained(model_dir)
-    rng = np.random.default_rng(0)
-    docs = [np.append(rng.integers(0, SEP, rng.integers(5, 60)), SEP) for _ in range(300)]
-    np.save(os.path.join(tmp, "tokens.npy"), np.concatenate(docs).astype(np.int64))
+    _write_docs(os.path.join(tmp, "docs.jsonl"), documents(300, seed=0, longest=60))
     return model_dir
 
 
 def _common(tmp, model_dir):
     return ["--model", model_dir, "--ctx", "64", "--dtype", "fp32", "--backend", "aot_eager", "--lr", "1e-2",
-            "--data", os.path.join(tmp, "tokens.npy"), "--doc-sep", str(SEP), "--steps", "8"]
+            "--data", os.path.join(tmp, "docs.jsonl"), "--tokenizer", os.path.join(tmp, "tok"),
+            "--lr-schedule", "cosine", "--warmup", "2", "--steps", "8"]
 
 
 def _cmd(*args):
@@ -59,7 +66,7 @@ def _cmd(*args):
 
 
 def _env():
-    return dict(os.environ, OMP_NUM_THREADS="1")
+    return dict(os.environ, OMP_NUM_THREADS="1")  # with the test's AUTOSP_DATA_CACHE
 
 
 def _run(*args):
@@ -83,8 +90,9 @@ def _one_line_exit_2(proc):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the ranks")
-def test_kill_resume_other_plans_and_export(tmp_path):
+def test_kill_resume_other_plans_and_export(tmp_path, monkeypatch):
     tmp = str(tmp_path)
+    monkeypatch.setenv("AUTOSP_DATA_CACHE", f"{tmp}/token-cache")  # the runs share one tokenization
     model_dir = _setup(tmp)
     common = _common(tmp, model_dir)
     sp2 = ["--nproc-per-node", "2", "--sp", "2", "--zero", "1", "--micro-batch", "2"]
@@ -184,8 +192,10 @@ def _bad_inputs(tmp, common, sp2, torch):
     refused("--save-dir", f"{tmp}/full", "--resume", "--vocab", "128", match="vocabulary")
     refused("--save-dir", f"{tmp}/full", "--resume", "--layers", "3", match="another model")
     refused("--save-dir", f"{tmp}/full", "--resume", "--seed", "5", match="seed")
-    np.save(f"{tmp}/other.npy", np.append(np.load(f"{tmp}/tokens.npy"), [1, 2, SEP]))
-    refused("--save-dir", f"{tmp}/full", "--resume", "--data", f"{tmp}/other.npy", match="trained on")
+    from text_fixtures import documents
+
+    _write_docs(f"{tmp}/other.jsonl", documents(301, seed=0, longest=60))
+    refused("--save-dir", f"{tmp}/full", "--resume", "--data", f"{tmp}/other.jsonl", match="trained on")
     with open(f"{tmp}/a-file", "w") as f:
         f.write("x")
     refused("--save-dir", f"{tmp}/a-file/sub", match="not writable")
