@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from autosp.compiler.testing import alive as _alive
