@@ -159,7 +159,6 @@ class SPTrainerMixin:
                                    pad_to_multiple_of=self._sp_pad_multiple, dtype=self._sp_dtype or "fp32",
                                    backend=self._sp_backend)
         self._sp_engine.fixed_batch = False  # an epoch's last batch may be shorter (any multiple of dp)
-        self._sp_hooks_eager = False
 
     @property
     def sp_engine(self):
@@ -231,12 +230,12 @@ class SPTrainerMixin:
         if "position_ids" not in batch and "cu_seq_lens_q" in inputs:
             batch["cu_seq_lens"] = inputs["cu_seq_lens_q"]
         self._check_same_batch(batch["input_ids"])
-        if self._sp_candidate.zero_stage == 3 and not self._sp_hooks_eager and self.is_deepspeed_enabled \
-                and self.deepspeed is not None:
+        if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled:
             from autosp.compiler.api import keep_zero3_hooks_eager
 
-            keep_zero3_hooks_eager(self.model)  # the hooks DeepSpeed registered when the Trainer wrapped it
-            self._sp_hooks_eager = True
+            # the hooks DeepSpeed registered when the Trainer wrapped the model (again for each new engine:
+            # evaluation before training builds one, training another); hooks already made eager are skipped
+            keep_zero3_hooks_eager(self.model)
         self._sp_target.call = model
         return self._sp_engine(**batch)
 
@@ -259,6 +258,12 @@ class SPTrainerMixin:
         return loss.detach(), None, None
 
     def evaluation_loop(self, *args, **kwargs):
+        if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled and self.deepspeed is None:
+            # measured: the training engine DeepSpeed builds after this evaluation's inference engine has no
+            # ZeRO-3 parameter hooks on the model's modules, so training would read unfetched weights
+            raise UsageError("evaluation before training is not supported under ZeRO-3 (DeepSpeed's inference "
+                             "engine leaves the later training engine without its parameter hooks); evaluate "
+                             "after train() or with eval_strategy, or re-plan with --fix zero_stage=2")
         try:
             return super().evaluation_loop(*args, **kwargs)
         finally:
