@@ -1,17 +1,9 @@
-"""autosp.hf.Trainer / SFTTrainer and PEFT LoRA under SP == one process, fp32, relative 1e-5.
+"""autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
 
-One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config) runs every SP case; the references
-run in this process with the plain transformers / TRL trainers on the same data:
-
-- ``trainer``: autosp.hf.Trainer, SP=2 (DDP underneath), gradient accumulation 2, 5 optimizer steps, batches
-  of uneven odd lengths with right padding: every logged loss, evaluate() before and after training, the final
-  weights, tokens seen (counted once); the checkpoint it saved loads with from_pretrained and gives the final
-  evaluation loss.
-- ``sft``: autosp.hf.SFTTrainer, packing=True (padding-free rows, position_ids restarting per document) vs TRL's
-  SFTTrainer: every logged loss.
-- ``lora_trainer``: a PEFT LoRA model through autosp.hf.Trainer (SP=2, ZeRO 3 from the plan: the Trainer's
-  DeepSpeed); ``lora_z0`` / ``lora_z3``: the same model through autosp.compile at ZeRO 0 and 3: only the adapter
-  weights change, their gradients (compile cases) and weights after 3 steps are the one-process ones.
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config): autosp.hf.Trainer, SP=2 (DDP
+underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd lengths with right padding, an
+evaluate() before training (which must not leave the model without DDP): every logged loss and the final
+weights. The SFT / LoRA runs below are helpers for the cases still being brought up (docs/hf-trainers.md).
 """
 
 from __future__ import annotations
