@@ -160,7 +160,7 @@ def _distinct_window_layer_types(model, windows) -> None:
         layer.__class__ = _WINDOW_TYPES[key]
 
 
-def _keep_zero3_hooks_eager(model) -> None:
+def keep_zero3_hooks_eager(model) -> None:
     """Make every module hook DeepSpeed's ZeRO-3 registered opaque to Dynamo.
 
     Some of them are ``torch.compiler.disable``d already, others (the post-forward hook, the hook that
@@ -177,6 +177,77 @@ def _keep_zero3_hooks_eager(model) -> None:
                     wrapped = torch._dynamo.disable(hook, recursive=True)
                     wrapped._autosp_eager = True
                     hooks[key] = wrapped
+
+
+def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, windows=None, packed: bool = False,
+              backend: str = "inductor", ignore_index: int = -100, pad_token_id: int | None = None, ds_engine=None,
+              moe: bool = False):
+    """Compile ``module.forward`` as the sequence-parallel graph of ``candidate`` and return its
+    :class:`SPContext` and the pad token. ``grad_world_size``: the ranks whose gradients the data-parallel
+    wrapper averages (all dp x sp of them). ``ds_engine``: the DeepSpeed engine holding ``module``, when it
+    exists already (ZeRO-3's hooks are then made opaque to Dynamo here; otherwise the caller does it with
+    :func:`keep_zero3_hooks_eager` once its wrapper registered them, before the first forward). Used by
+    :func:`compile_model` and by the Hugging Face trainers (:mod:`autosp.hf`), whose own DeepSpeed or DDP
+    wrapper averages the gradients. ``moe``: the model's experts run through autosp's op
+    (:func:`autosp.compiler.experts.prepare_experts`), so its router loss is made global here."""
+    import torch
+
+    from autosp.compiler.backend import make_backend
+    from autosp.compiler.context import SPContext
+
+    if pad_token_id is None:
+        pad_token_id = getattr(getattr(module, "config", None), "pad_token_id", None)
+        if not isinstance(pad_token_id, int) or pad_token_id < 0:
+            pad_token_id = 0
+    ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
+                    world_group=layout.world_group.group_name, grad_world_size=grad_world_size,
+                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
+                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap,
+                    ring_size=candidate.ring,
+                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
+                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
+    ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
+    ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
+    windows = windows or []
+    ctx.layer_windows = windows
+    if moe:
+        from autosp.compiler.router_loss import patch_router_loss
+
+        if patch_router_loss(module):  # the router's load-balancing loss over the whole batch
+            ctx.router_key = f"router-{id(ctx):x}"
+    if windows and len(set(windows)) > 1:
+        ctx.param_layers = _parameter_layers(module)
+        if ctx.fragments:
+            _distinct_window_layer_types(module, windows)
+    if packed or windows:
+        from autosp.compiler.runtime import rule_key
+
+        ctx.rule = rule_key(ctx)
+    # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
+    # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
+    # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
+    import deepspeed.utils.nvtx
+
+    if ctx.fragments and candidate.loss_chunks > 1:
+        from autosp.compiler.zero3 import persist_lm_head
+
+        if ds_engine is None or not persist_lm_head(ds_engine):  # the LM head must be traced inline with the loss
+            raise UsageError("loss_chunks > 1 under ZeRO-3 needs the model's LM head (get_output_embeddings() or "
+                             "an lm_head module) and autosp.compile's own engine; re-plan with loss_chunks=1 or "
+                             "zero_stage<=2")
+    if ctx.fragments and ds_engine is not None:
+        keep_zero3_hooks_eager(module)
+
+    deepspeed.utils.nvtx.enable_nvtx = False  # as DeepSpeedEngine.compile does: NVTX ranges break graphs
+    # Each distinct (padded) sequence length is one static-shape compilation; allow a training run's worth
+    # (pad_to_multiple_of bounds how many there are).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    # A PEFT model's LoRA layers live inside its own model; compile that model's forward (PEFT's wrapper
+    # forward stays eager around it and passes every argument through).
+    target = module.get_base_model() if hasattr(module, "get_base_model") else module
+    target.forward = torch.compile(target.forward, backend=make_backend(ctx, backend), dynamic=False,
+                                   fullgraph=not ctx.fragments)
+    return ctx, pad_token_id
 
 
 def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=None, zero_stage=None, micro_batch=None,
@@ -256,8 +327,6 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                                                offload_optimizer=offload_optimizer, ring_size=ring_size,
                                                ep_size=ep_size)
 
-    from autosp.compiler.backend import make_backend
-    from autosp.compiler.context import SPContext
     from autosp.compiler.groups import make_layout
     from autosp.compiler.runtime import SPEngine
 
@@ -275,7 +344,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
 
     moe = prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
     # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
-    params = optimizer_param_groups(model) if candidate.ep > 1 else model.parameters()
+    # (the trainable parameters only: a PEFT (LoRA) model's frozen base weights have no optimizer state)
+    params = optimizer_param_groups(model) if candidate.ep > 1 else [p for p in model.parameters() if p.requires_grad]
     if candidate.ep > 1 and isinstance(optimizer, torch.optim.Optimizer):
         raise UsageError("with ep > 1 pass optimizer as a callable (params -> optimizer): autosp shards the experts "
                          "and builds the optimizer over the parameters each rank keeps")
@@ -302,56 +372,11 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "
                          f"{candidate.world_size} (remove sequence_parallel_size / mpu settings)")
 
-    if pad_token_id is None:
-        pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
-        if not isinstance(pad_token_id, int) or pad_token_id < 0:
-            pad_token_id = 0
-    ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
-                    world_group=layout.world_group.group_name, grad_world_size=ds_engine.dp_world_size,
-                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
-                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap,
-                    ring_size=candidate.ring,
-                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
-                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
-    ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
-    ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
-    ctx.layer_windows = windows
-    if moe:
-        from autosp.compiler.router_loss import patch_router_loss
-
-        if patch_router_loss(ds_engine.module):  # the router's load-balancing loss over the whole batch
-            ctx.router_key = f"router-{id(ctx):x}"
-    if windows and len(set(windows)) > 1:
-        ctx.param_layers = _parameter_layers(ds_engine.module)
-        if ctx.fragments:
-            _distinct_window_layer_types(ds_engine.module, windows)
-    if packed or windows:
-        from autosp.compiler.runtime import rule_key
-
-        ctx.rule = rule_key(ctx)
-    # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
-    # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
-    # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
-    import deepspeed.utils.nvtx
-
-    if ctx.fragments and candidate.loss_chunks > 1:
-        from autosp.compiler.zero3 import persist_lm_head
-
-        if not persist_lm_head(ds_engine):  # the LM head must be traced inline with the loss to tile it
-            raise UsageError("loss_chunks > 1 under ZeRO-3 needs the model's LM head (get_output_embeddings() or "
-                             "an lm_head module); re-plan with loss_chunks=1 or zero_stage<=2")
-    if ctx.fragments:
-        _keep_zero3_hooks_eager(ds_engine.module)
-
-    deepspeed.utils.nvtx.enable_nvtx = False  # as DeepSpeedEngine.compile does: NVTX ranges break graphs
-    # Each distinct (padded) sequence length is one static-shape compilation; allow a training run's worth
-    # (pad_to_multiple_of bounds how many there are).
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    module = ds_engine.module
-    module.forward = torch.compile(module.forward, backend=make_backend(ctx, backend), dynamic=False,
-                                   fullgraph=not ctx.fragments)
+    ctx, pad_token_id = attach_sp(ds_engine.module, candidate, layout, grad_world_size=ds_engine.dp_world_size,
+                                  windows=windows, packed=packed, backend=backend, ignore_index=ignore_index,
+                                  pad_token_id=pad_token_id, ds_engine=ds_engine, moe=moe)
     return SPEngine(ds_engine, layout, ctx, candidate, ignore_index=ignore_index, pad_token_id=pad_token_id,
                     pad_to_multiple_of=pad_to_multiple_of, dtype=dtype, backend=backend)
 
 
-__all__ = ["compile_model", "deepspeed_config", "load_plan", "resolve_candidate"]
+__all__ = ["attach_sp", "compile_model", "keep_zero3_hooks_eager", "deepspeed_config", "load_plan", "resolve_candidate"]

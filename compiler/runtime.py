@@ -140,7 +140,12 @@ class SPEngine:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.dtype = dtype
         self.backend = backend
-        params = inspect.signature(ds_engine.module.forward).parameters
+        # every call carries dp x micro_batch sequences (False: any multiple of dp, e.g. the Hugging Face
+        # trainers' last, shorter batch of an epoch)
+        self.fixed_batch = True
+        inner = ds_engine.module
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # a PEFT model's own model
+        params = inspect.signature(inner.forward).parameters
         self._accepts_position_ids = "position_ids" in params
         self._accepts_use_cache = "use_cache" in params
         self._accepts_attention_mask = "attention_mask" in params
@@ -189,7 +194,8 @@ class SPEngine:
         return shard_batch(input_ids, labels, sp=self.layout.sp, sp_rank=self.layout.sp_rank, dp=self.layout.dp,
                            dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
                            ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
-                           pad_to_multiple_of=self.pad_to_multiple_of, micro_batch=self.candidate.micro_batch,
+                           pad_to_multiple_of=self.pad_to_multiple_of,
+                           micro_batch=self.candidate.micro_batch if self.fixed_batch else None,
                            make_position_ids=make_positions, device=self.device, ring=self.layout.ring,
                            chunks=self.ctx.sequence_chunks, seq_lens=seq_lens, cu_seq_lens=cu_seq_lens)
 

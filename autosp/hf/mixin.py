@@ -1,0 +1,279 @@
+"""What turns a Hugging Face ``Trainer`` (or TRL ``SFTTrainer``) into a sequence-parallel one.
+
+Design. autosp's SP runtime goes *inside* the Trainer's own data-parallel wrapper instead of replacing it:
+the model's ``forward`` is compiled as autosp's SP graph (:func:`autosp.compiler.api.attach_sp`, the same
+passes ``autosp.compile`` runs) and each micro-batch is sharded by the same runtime
+(:class:`autosp.compiler.runtime.SPEngine`, here around the Trainer's wrapped model). Everything else, the
+optimizer, scheduler, gradient clipping, DeepSpeed or DDP, checkpoints, callbacks and logging, stays the
+Trainer's. This is exact for the reason ``autosp.compile`` is (compiler/runtime.py: "Gradient reduction"):
+the wrapper sees all dp x sp ranks as data parallel and averages their gradients, and the compiled loss gives
+each rank W x d(local token-loss sum) / N, whose average is the one-process gradient. DeepSpeed (plan ZeRO
+>= 1) or DDP (ZeRO 0) both average over all W ranks.
+
+What the Trainer is told:
+
+- data: every rank loads the *whole* micro-batch of the dp data-parallel replicas (``per_device_train_batch_size
+  x dp`` sequences, unsharded, in one seeded order, checked identical across ranks each step); the runtime
+  takes this rank's rows and tokens. Evaluation likewise.
+- loss: the compiled loss is the micro-batch's exact global token mean; it is rescaled to the Trainer's
+  convention (``num_items_in_batch``: tokens of the whole accumulated step, counted once, not once per rank), so
+  the logged ``loss`` is the step's true token-weighted mean and gradient accumulation is token-weighted as in
+  transformers >= 4.46.
+- evaluation returns the loss only (no logits: under SP each rank holds a shard of them).
+"""
+
+from __future__ import annotations
+
+from autosp.errors import UsageError
+
+# batch keys the SP runtime takes; the others are derived from position_ids (TRL's and transformers'
+# padding-free collators send them for FlashAttention's varlen kernels) and dropped
+_TAKEN = ("input_ids", "labels", "attention_mask", "position_ids")
+_DERIVED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx", "use_cache",
+            "num_items_in_batch")
+
+
+class _Target:
+    """What the SP runtime calls: the Trainer's (wrapped) model of the current step. Gives the runtime the
+    innermost model (its forward's signature) and the device."""
+
+    def __init__(self, module, device):
+        self.module = module
+        self.device = device
+        self.call = None
+
+    def __call__(self, **inputs):
+        return self.call(**inputs)
+
+
+def innermost(model):
+    """The Hugging Face model inside a PEFT wrapper (whose LoRA layers are injected into it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class SPTrainerMixin:
+    """Mixed in before ``transformers.Trainer`` (or ``trl.SFTTrainer``); see the module doc."""
+
+    def __init__(self, *args, plan=None, sp_size=None, ring_size=None, plan_hw=None, plan_ctx=None,
+                 backend: str = "inductor", pad_to_multiple_of: int = 1, **kwargs):
+        import torch
+
+        model = kwargs.get("model", args[0] if args else None)
+        targs = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if targs is None:
+            raise UsageError("autosp.hf trainers need args= (TrainingArguments / SFTConfig)")
+        if getattr(targs, "parallelism_config", None) is not None and (targs.parallelism_config.sp_size or 1) > 1:
+            raise UsageError("parallelism_config with sp_size > 1 is ALST's sequence parallelism; autosp.hf runs its "
+                             "own: drop parallelism_config (or use transformers.Trainer for ALST)")
+        self._sp_candidate, self._sp_dtype = self._resolve_plan(model, targs, kwargs.get("train_dataset"), plan,
+                                                                sp_size, ring_size, plan_hw, plan_ctx)
+        c = self._sp_candidate
+        from autosp.hf import plan as planning
+
+        zero = planning.trainer_zero(targs)
+        planning.check_agreement(c, targs, zero, self._sp_dtype)
+        if zero is None and (c.zero_stage > 0 or c.offload_optimizer):
+            import dataclasses
+
+            n_params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
+            config = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params, torch.cuda.is_available())
+            targs = dataclasses.replace(targs, deepspeed=config)
+            if args and len(args) > 1:
+                args = (args[0], targs, *args[2:])
+            else:
+                kwargs["args"] = targs
+        if c.zero_stage == 3 and model is not None and hasattr(model, "named_modules"):
+            from deepspeed.utils import set_z3_leaf_modules_by_name
+
+            from autosp.compiler.api import _leaf_block_names
+
+            names = _leaf_block_names(model)
+            if names:  # each decoder layer gathered and traced as one graph (compiler/runtime.py: ZeRO-3)
+                set_z3_leaf_modules_by_name(model, names)
+        self._sp_backend, self._sp_pad_multiple = backend, pad_to_multiple_of
+        super().__init__(*args, **kwargs)
+        self.loss_is_scaled_for_ga = True  # compute_loss divides by the accumulated step's tokens itself
+        self._attach()
+
+    # -- set-up ------------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_plan(model, args, dataset, plan, sp_size, ring_size, plan_hw, plan_ctx):
+        from autosp.compiler.api import resolve_candidate
+
+        world = args.world_size
+        dtype = None
+        if plan is None and sp_size is None:
+            import autosp
+            from autosp.hf import plan as planning
+
+            if model is None or isinstance(model, str):
+                raise UsageError("plan the run from a model object, or pass plan= / sp_size=")
+            zero = planning.trainer_zero(args)
+            fix = [f"micro_batch={args.per_device_train_batch_size}",
+                   f"grad_accum={args.gradient_accumulation_steps}"]
+            if zero is not None:
+                fix += [f"zero_stage={zero['stage']}", f"offload_optimizer={str(zero['offload_optimizer']).lower()}"]
+            dtype = "bf16" if args.bf16 else "fp32"
+            plan = autosp.plan(planning.model_spec_of(model), planning.sequence_length(args, dataset, plan_ctx),
+                               plan_hw or planning.detect_hardware(world), dtype=dtype, fix=fix,
+                               global_batch=None)
+        if plan is not None:
+            candidate, source = resolve_candidate(plan, sp_size, world, ring_size=ring_size)
+            dtype = getattr(getattr(source, "workload", None), "dtype", dtype)
+            if candidate.world_size != world:
+                raise UsageError(f"the plan needs dp x sp = {candidate.dp} x {candidate.sp} = {candidate.world_size} "
+                                 f"processes but {world} were launched")
+            return candidate, dtype
+        from autosp.hf import plan as planning
+
+        zero = planning.trainer_zero(args) or {"stage": 0, "offload_optimizer": False}
+        candidate, _ = resolve_candidate(None, sp_size, world, ring_size=ring_size,
+                                         micro_batch=args.per_device_train_batch_size,
+                                         grad_accum=args.gradient_accumulation_steps, zero_stage=zero["stage"],
+                                         offload_optimizer=zero["offload_optimizer"])
+        return candidate, None
+
+    def _attach(self):
+        import torch
+        import torch.distributed as dist
+
+        from autosp.compiler.api import attach_sp
+        from autosp.compiler.groups import make_layout
+        from autosp.compiler.runtime import SPEngine
+        from autosp.compiler.windows import layer_windows, refuse_softcapping
+
+        if not dist.is_initialized():
+            raise UsageError("autosp.hf needs torch.distributed: launch with torchrun, accelerate launch or deepspeed")
+        # Under DDP Dynamo would split the compiled graph at DDP's bucket boundaries (DDPOptimizer); autosp's
+        # passes need each forward whole, and DDP's gradient hooks work as well on one graph.
+        torch._dynamo.config.optimize_ddp = False
+        c = self._sp_candidate
+        model = innermost(self.model)
+        refuse_softcapping(getattr(model, "config", None))
+        windows = layer_windows(getattr(model, "config", None))
+        self._sp_layout = make_layout(c.sp, c.dp, c.ring)
+        ctx, pad = attach_sp(model, c, self._sp_layout, grad_world_size=dist.get_world_size(), windows=windows,
+                             backend=self._sp_backend)
+        self._sp_target = _Target(model, self.args.device)
+        self._sp_engine = SPEngine(self._sp_target, self._sp_layout, ctx, c, ignore_index=-100, pad_token_id=pad,
+                                   pad_to_multiple_of=self._sp_pad_multiple, dtype=self._sp_dtype or "fp32",
+                                   backend=self._sp_backend)
+        self._sp_engine.fixed_batch = False  # an epoch's last batch may be shorter (any multiple of dp)
+
+    @property
+    def sp_engine(self):
+        """The SP runtime (its ``stats`` say what the passes did)."""
+        return self._sp_engine
+
+    # -- data: every rank loads the whole micro-batch -----------------------------------------------
+    def _get_dataloader(self, dataset, description, batch_size, *args, **kwargs):
+        accelerator = self.accelerator
+        accelerator.prepare = lambda *objs: objs[0] if len(objs) == 1 else objs  # no per-rank sharding
+        try:
+            return super()._get_dataloader(dataset, description, batch_size * self._sp_candidate.dp, *args, **kwargs)
+        finally:
+            del accelerator.prepare
+
+    def _get_train_sampler(self, *args, **kwargs):
+        import torch
+
+        sampler = super()._get_train_sampler(*args, **kwargs)
+        if type(sampler) is torch.utils.data.RandomSampler and sampler.generator is None:
+            # one order on every rank, from the seed (the Trainer's own sampler draws from the global RNG)
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            sampler = torch.utils.data.RandomSampler(sampler.data_source,
+                                                     generator=torch.Generator().manual_seed(seed))
+        return sampler
+
+    def get_total_train_batch_size(self, args) -> int:
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self._sp_candidate.dp
+
+    # -- tokens and the loss ----------------------------------------------------------------------
+    def _get_num_items_in_batch(self, batch_samples, device):
+        """The targets of the whole accumulated step, counted once (every rank holds all of them)."""
+        import torch
+
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        count = sum(int((b["labels"][..., 1:] != -100).sum()) for b in batch_samples)
+        return torch.tensor(count, device=device)
+
+    def _track_num_input_tokens(self, inputs):
+        before = self.state.num_input_tokens_seen
+        super()._track_num_input_tokens(inputs)  # gathers every rank's count: W copies of the same batch
+        added = self.state.num_input_tokens_seen - before
+        self.state.num_input_tokens_seen = before + added // self.args.world_size
+
+    def _check_same_batch(self, ids):
+        """Every rank must hold the same batch (the runtime takes its rows and tokens from it)."""
+        import torch
+        import torch.distributed as dist
+
+        weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64, device=ids.device)
+        mark = (ids.flatten().to(torch.float64) * weights.remainder(1009)).sum()
+        both = torch.stack([mark, -mark, torch.tensor(float(ids.numel()), dtype=torch.float64, device=ids.device)])
+        seen = both.clone()
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        if not torch.equal(seen[:2], both[:2]) or seen[2] != both[2]:
+            raise UsageError("the ranks loaded different batches; autosp.hf needs every rank to load the whole "
+                             "batch in one order (a custom dataloader or sampler must not shard or reshuffle per rank)")
+
+    def _sp_loss(self, model, inputs):
+        """The micro-batch's exact global mean loss through the SP runtime."""
+        unknown = sorted(k for k in inputs if k not in _TAKEN and k not in _DERIVED)
+        if unknown:
+            raise UsageError(f"autosp.hf cannot shard the batch keys {', '.join(unknown)} over the sequence; the "
+                             f"SP runtime takes {', '.join(_TAKEN)}")
+        if "labels" not in inputs:
+            raise UsageError("autosp.hf trains on labels: the collator must return labels")
+        batch = {k: inputs[k] for k in _TAKEN if k in inputs}
+        if "position_ids" not in batch and "cu_seq_lens_q" in inputs:
+            batch["cu_seq_lens"] = inputs["cu_seq_lens_q"]
+        self._check_same_batch(batch["input_ids"])
+        if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled:
+            from autosp.compiler.api import keep_zero3_hooks_eager
+
+            # the hooks DeepSpeed registered when the Trainer wrapped the model (again for each new engine:
+            # evaluation before training builds one, training another); hooks already made eager are skipped
+            keep_zero3_hooks_eager(self.model)
+        self._sp_target.call = model
+        return self._sp_engine(**batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = self._sp_loss(model, inputs)
+        if num_items_in_batch is not None and self.model.training:
+            # the compiled loss is sum / N_micro; the Trainer's convention is sum / N_step for each micro-step
+            n_micro = int((inputs["labels"][..., 1:] != -100).sum())
+            loss = loss * (n_micro / max(float(num_items_in_batch), 1.0))
+        elif self.model.training:
+            loss = loss / self.current_gradient_accumulation_steps
+        return (loss, None) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        import torch
+
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self._sp_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def evaluation_loop(self, *args, **kwargs):
+        if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled and self.deepspeed is None:
+            # measured: the training engine DeepSpeed builds after this evaluation's inference engine has no
+            # ZeRO-3 parameter hooks on the model's modules, so training would read unfetched weights
+            raise UsageError("evaluation before training is not supported under ZeRO-3 (DeepSpeed's inference "
+                             "engine leaves the later training engine without its parameter hooks); evaluate "
+                             "after train() or with eval_strategy, or re-plan with --fix zero_stage=2")
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            if not self.is_in_train and not self.is_deepspeed_enabled and self.model_wrapped is self.model:
+                # An evaluation before training "prepares" the bare model for evaluation, and Accelerate then
+                # marks it prepared: train() would get it back without DDP and every rank would step on its
+                # own gradients (found by the exactness test; a plain multi-process Trainer has the same trap).
+                self.model.__dict__.pop("_is_accelerate_prepared", None)
+                if self.model in self.accelerator._models:
+                    self.accelerator._models.remove(self.model)
+
+
+__all__ = ["SPTrainerMixin", "innermost"]

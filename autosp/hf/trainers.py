@@ -1,0 +1,28 @@
+"""``autosp.hf.Trainer`` and ``autosp.hf.SFTTrainer``: the Hugging Face and TRL trainers, sequence-parallel
+through autosp (:mod:`autosp.hf.mixin`). They take the same arguments plus ``plan=`` (a plan file, a Plan or
+a Candidate), ``sp_size=`` / ``ring_size=`` (a hand-made plan), ``plan_hw=`` / ``plan_ctx=`` (what to plan
+for when neither is given), ``backend=`` (``inductor`` or ``aot_eager``) and ``pad_to_multiple_of=``."""
+
+from __future__ import annotations
+
+import transformers
+
+from autosp.hf.mixin import SPTrainerMixin
+
+
+class Trainer(SPTrainerMixin, transformers.Trainer):
+    """A ``transformers.Trainer`` that trains the model sequence-parallel through autosp."""
+
+
+def _sft_trainer():
+    import trl
+
+    class SFTTrainer(SPTrainerMixin, trl.SFTTrainer):
+        """A ``trl.SFTTrainer`` that trains the model sequence-parallel through autosp (packing and
+        padding-free batches included: documents attend only within themselves)."""
+
+    SFTTrainer.__module__ = __name__
+    return SFTTrainer
+
+
+__all__ = ["Trainer"]

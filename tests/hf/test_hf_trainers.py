@@ -1,0 +1,189 @@
+"""autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
+
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config): autosp.hf.Trainer, SP=2 (DDP
+underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd lengths with right padding, an
+evaluate() before training (which must not leave the model without DDP): every logged loss and the final
+weights. The SFT / LoRA runs below are helpers for the cases still being brought up (docs/hf-trainers.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from hf_tiny import examples, pad_collate, tiny_llama, tokenizer
+
+from autosp.compiler.testing import rel_err, run_cases, spawn
+
+TOL = 1e-5
+pytestmark = pytest.mark.slow
+
+
+# -- the runs (the same code runs SP in the spawned ranks and the references here) -----------------------
+def _training_args(cls, out, **kw):
+    base = dict(output_dir=out, learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, seed=0,
+                disable_tqdm=True, train_sampling_strategy="sequential", save_strategy="no")
+    return cls(**{**base, **kw})
+
+
+class _Recorder:
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Recorder(TrainerCallback):
+            def __init__(self):
+                self.losses = []
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and "loss" in logs:
+                    self.losses.append(logs["loss"])
+
+        return Recorder()
+
+
+def _weights(trainer) -> dict:
+    from autosp.compiler.testing import full_weight
+
+    if trainer.is_deepspeed_enabled:
+        return {n: full_weight(p) for n, p in trainer.model.named_parameters()}
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def run_trainer(trainer_cls, out, **sp):
+    from transformers import TrainingArguments
+
+    rec = _Recorder()
+    args = _training_args(TrainingArguments, out, per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                          gradient_accumulation_steps=2, max_steps=5, save_strategy="steps", save_steps=5,
+                          save_only_model=True, include_num_input_tokens_seen="all")
+    trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=examples(20, 1), eval_dataset=examples(5, 2),
+                          data_collator=pad_collate, callbacks=[rec], **sp)
+    before = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]
+    return {"losses": rec.losses, "eval": [before, after], "weights": _weights(trainer),
+            "tokens": trainer.state.num_input_tokens_seen}
+
+
+def _chat_dataset():
+    """Pre-tokenized conversations of uneven lengths (TRL packs them, best-fit decreasing)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"input_ids": e["input_ids"]} for e in examples(24, 3, low=5, high=20)])
+
+
+def run_sft(trainer_cls, out, **sp):
+    from trl import SFTConfig
+
+    rec = _Recorder()
+    args = _training_args(SFTConfig, out, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                          max_steps=3, packing=True, padding_free=True, max_length=40)
+    trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=_chat_dataset(), processing_class=tokenizer(),
+                          callbacks=[rec], **sp)
+    assert trainer.args.padding_free
+    trainer.train()
+    return {"losses": rec.losses}
+
+
+def lora_model():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                    target_modules=["q_proj", "v_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # B starts at zero, which would make A's first gradients zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model
+
+
+def run_lora_trainer(trainer_cls, out, **sp):
+    from transformers import TrainingArguments
+
+    args = _training_args(TrainingArguments, out, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=3)
+    trainer = trainer_cls(model=lora_model(), args=args, train_dataset=examples(12, 4), data_collator=pad_collate, **sp)
+    trainer.train()
+    return {"weights": _weights(trainer)}
+
+
+def lora_batches():
+    rows = examples(6, 5, low=13, high=14)
+    return [pad_collate(rows[i:i + 2]) for i in range(0, 6, 2)]
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.5)
+
+
+# -- the SP side ------------------------------------------------------------------------------------------
+def _sp_case(name, out):
+    import autosp.hf
+    from autosp.compiler.testing import sp_run
+    from autosp.cost_models.specs import Candidate
+
+    common = {"backend": "aot_eager", "pad_to_multiple_of": 16}
+    if name == "trainer":
+        result = run_trainer(autosp.hf.Trainer, out, sp_size=2, **common)
+        result["stats"] = None
+        return result
+    if name == "sft":
+        return run_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
+    if name == "lora_trainer":
+        return run_lora_trainer(autosp.hf.Trainer, out,
+                                plan=Candidate(sp=2, zero_stage=3, micro_batch=2, grad_accum=2), **common)
+    stage = int(name[-1])
+    result = sp_run(lora_model(), lora_batches(), _sgd, sp_size=2, zero_stage=stage, backend="aot_eager",
+                    gradient_clipping=0)
+    return {k: result[k] for k in ("losses", "grads", "weights")}
+
+
+def _sp_job(rank, world, out, names):
+    return run_cases(rank, names, lambda name: _sp_case(name, os.path.join(out, name)))
+
+
+# -- the test ---------------------------------------------------------------------------------------------
+def _worst(got: dict, ref: dict, only=None):
+    names = [n for n in ref if only is None or only in n]
+    assert names
+    return max((rel_err(got[n], ref[n]), n) for n in names)
+
+
+def _close(a, b):
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b)) <= TOL and len(a) == len(b)
+
+
+def _loaded_eval_loss(path) -> float:
+    """What Trainer.evaluate() computes, from a checkpoint loaded with from_pretrained: each batch's
+    token-mean loss, averaged over the examples."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation="sdpa").eval()
+    rows, total, count = examples(5, 2), 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(rows), 2):
+            batch = pad_collate(rows[i:i + 2])
+            total += model(**batch).loss.item() * batch["input_ids"].shape[0]
+            count += batch["input_ids"].shape[0]
+    return total / count
+
+
+def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
+    import transformers
+    import trl
+
+    from autosp.compiler.testing import reference_run
+
+    names = ["trainer"]
+    sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
+    for name in names:
+        assert "crash" not in sp[name], sp[name].get("crash")
+
+    ref = run_trainer(transformers.Trainer, str(tmp_path / "ref"))
+    got = sp["trainer"]
+    assert len(got["losses"]) == 5 and _close(got["losses"], ref["losses"]), (got["losses"], ref["losses"])
+    assert _worst(got["weights"], ref["weights"])[0] <= TOL
