@@ -96,6 +96,16 @@ def _hf_path(model_arg: str | None) -> str | None:
     return None
 
 
+def _planned_config(source: str) -> str | None:
+    """The config.json a plan's model was made from: its ``source`` is the absolute path, or, for a model priced
+    from its traced graph, ``graph profile <fingerprint> of <path>``."""
+    if source.startswith("graph profile ") and " of " in source:
+        source = source.split(" of ", 1)[1]
+    if os.path.isabs(source) and os.path.isdir(source):
+        source = os.path.join(source, "config.json")
+    return source if os.path.isabs(source) and source.endswith(".json") else None
+
+
 def model_facts(args, plan) -> ModelFacts:
     """The model's shape from a preset, the plan or a config.json, with ``--layers ...`` applied."""
     from autosp.cost_models.catalog.models import model_from_hf_config, resolve_model
@@ -112,8 +122,8 @@ def model_facts(args, plan) -> ModelFacts:
         spec = resolve_model(args.model)
     elif plan is not None:
         spec = plan.model
-        source = getattr(spec, "source", "") or ""
-        if os.path.isabs(source) and source.endswith(".json"):  # planned from a config.json: train THAT model
+        source = _planned_config(getattr(spec, "source", "") or "")
+        if source is not None:  # planned from a config.json: train THAT model
             if not os.path.isfile(source):
                 raise UsageError(f"the plan was made from the model config {source}, which no longer exists; pass "
                                  "--model PATH/config.json (the same model)")

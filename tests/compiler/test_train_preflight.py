@@ -102,3 +102,16 @@ def test_nproc_per_node_starts_the_processes_itself(tmp_path):
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(s["loss"] > 0 for s in steps)
     assert out.stdout.count("autosp-train: llama-3.2-1b") == 1 and "world 2" in out.stdout
+
+
+def test_a_plan_names_the_config_it_was_made_from_also_when_traced(tmp_path):
+    """A config priced from its traced graph records ``graph profile <fp> of <path>``: autosp-train must still
+    build THAT model (and find its tokenizer beside it), not autosp's reference Llama."""
+    from autosp.compiler.preflight import _planned_config
+
+    config = str(tmp_path / "config.json")
+    assert _planned_config(config) == config
+    assert _planned_config(f"graph profile 0123abcd of {config}") == config
+    assert _planned_config(str(tmp_path)) == config  # a model directory
+    assert _planned_config("https://huggingface.co/meta-llama/Llama-3.1-8B") is None  # a preset's source
+    assert _planned_config("graph profile 0123abcd of relative/config.json") is None
