@@ -298,8 +298,10 @@ def main(argv=None) -> int:
 
     from autosp.compiler.api import compile_model
 
-    # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor on every ZeRO-3 gather.
-    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor / reduce_scatter_tensor on every ZeRO-3
+    # gather and gradient reduction: two lines per rank per step that say nothing to the user.
+    warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",
+                            category=FutureWarning)
 
     cuda = torch.cuda.is_available()
     if cuda:
