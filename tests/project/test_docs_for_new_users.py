@@ -33,7 +33,7 @@ def test_the_readme_training_example_needs_no_activated_venv_and_parses():
     for argv in train:
         assert argv[0] == ".venv/bin/autosp-train" and "$(which" not in " ".join(argv)
         args = build_parser().parse_args(argv[1:])  # every flag exists (no "unrecognized arguments")
-        assert args.plan == "plan.json" and args.nproc_per_node == 8
+        assert args.plan.endswith("plan.json") and args.nproc_per_node in (2, 8)  # the walk-through: 2 on a CPU
 
 
 def test_the_example_workflow_installs_autosp_from_its_checkout():
