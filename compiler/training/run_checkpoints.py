@@ -71,6 +71,14 @@ def data_fingerprint(args) -> dict:
     return {"path": path, "size": size, "doc_sep": getattr(args, "doc_sep", None)}
 
 
+def _tokenizer_used(args) -> str | None:
+    """The tokenizer directory the run's text data was tokenized with (``--tokenizer``, or the model directory's
+    by default), which the checkpoint names so that an export carries its files."""
+    loaded = getattr(args, "_tokenizer", None)  # set by the text-data preflight when text was read
+    path = getattr(loaded, "name_or_path", None) or getattr(args, "tokenizer", None)
+    return os.path.abspath(path) if path and os.path.isdir(path) else None
+
+
 def _explicit(argv, flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
@@ -166,7 +174,7 @@ class Checkpoints:
         state = {"step": step, "micro_step": micro_step, "seed": args.seed, "data": data_fingerprint(args),
                  "model_spec": asdict(self.facts.spec), "hf_config": self.facts.hf_path and os.path.abspath(
                      self.facts.hf_path), "ctx": getattr(args, "seq", None),
-                 "tokenizer": os.path.abspath(args.tokenizer) if getattr(args, "tokenizer", None) else None,
+                 "tokenizer": _tokenizer_used(args),
                  "argv": getattr(args, "argv", None)}
         if self.plan is not None:
             state["plan"] = self.plan.to_dict()

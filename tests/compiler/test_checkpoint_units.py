@@ -94,3 +94,18 @@ def test_a_plan_made_from_a_config_trains_that_model(tmp_path):
     path.unlink()
     with pytest.raises(UsageError, match="no longer exists"):
         preflight.model_facts(args, plan)
+
+
+def test_the_checkpoint_names_the_tokenizer_the_text_was_tokenized_with(tmp_path):
+    """Text data tokenized with the model directory's tokenizer (no --tokenizer): the checkpoint still names that
+    directory, so an export carries the tokenizer files (the README walk-through loads them)."""
+    import argparse
+
+    from autosp.compiler.training.run_checkpoints import _tokenizer_used
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    loaded = argparse.Namespace(name_or_path=str(model_dir))
+    assert _tokenizer_used(argparse.Namespace(tokenizer=None, _tokenizer=loaded)) == str(model_dir)
+    assert _tokenizer_used(argparse.Namespace(tokenizer=str(model_dir))) == str(model_dir)
+    assert _tokenizer_used(argparse.Namespace(tokenizer=None)) is None  # token files: no tokenizer
