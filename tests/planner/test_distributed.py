@@ -124,7 +124,7 @@ def test_measure_runs_a_ring_plan_end_to_end(tmp_path, monkeypatch):
     # cpu2 with a slow host link, so that no candidate offloads the optimizer (its first use builds DeepSpeed's CPU
     # Adam, minutes on a small machine, which has nothing to do with the ring)
     hw = tmp_path / "cpu2-slow-host.toml"
-    hw.write_text((EXAMPLES / "cpu2.toml").read_text().replace("host_bandwidth = 5.0e9", "host_bandwidth = 1.0e5"))
+    hw.write_text((EXAMPLES / "cpu2.toml").read_text().replace("host_bandwidth = 5.0e9", "host_bandwidth = 1.0e7"))
     options = MeasureOptions(k=1, steps=1, warmup=1, backend="aot_eager", timeout_s=300,
                              keep_dir=str(tmp_path / "runs"))
     # 502 tokens: padded to a multiple of lcm(sp, 2 x ring) = 4 (504) for the zigzag chunks
