@@ -14,7 +14,7 @@ from dataclasses import replace
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.plan import Plan, RunnerUp
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.search import FAMILY_SWEEP_EVALUATIONS
+from autosp.planner.search.optuna_search import FAMILY_SWEEP_EVALUATIONS
 from autosp.units import format_tokens
 
 EVALUATIONS_PER_TRIAL = 75
@@ -49,10 +49,10 @@ def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | Non
 
 
 def bulk_is_cheaper(space_size: int, trials_asked, time_budget) -> bool:
-    """Whether the default search scores the space whole with the bulk cost model (planner/bulk_search.py): an
+    """Whether the default search scores the space whole with the bulk cost model (planner/search/bulk_search.py): an
     exact answer for less than the Optuna search costs, up to BULK_EXHAUSTIVE_CANDIDATES candidates. An explicit
     ``--trials`` or ``--time-budget`` asks for the sampler, and gets it."""
-    from autosp.planner.bulk_search import BULK_EXHAUSTIVE_CANDIDATES
+    from autosp.planner.search.bulk_search import BULK_EXHAUSTIVE_CANDIDATES
 
     return trials_asked is None and time_budget is None and space_size <= BULK_EXHAUSTIVE_CANDIDATES
 
@@ -80,7 +80,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     (:mod:`autosp.planner.cache`). ``storage``: an Optuna storage URL shared by several planner workers
     (``study_name``: the study in it, default derived from the request; ``worker``: this worker's id on
     its trials); ``trials=0`` then runs no sampler trials and answers from the study as it is
-    (:mod:`autosp.planner.study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its
+    (:mod:`autosp.planner.search.optuna_study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its
     ``k``): run the top-k candidates with autosp-train and choose by the measurement
     (:mod:`autosp.planner.measure`). A shared study or a measurement bypasses the plan cache.
     ``diagnose=False`` leaves out of the InfeasibleError how many GPUs would fit (pricing bigger clusters costs
@@ -109,8 +109,8 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     model_spec, profile, hw_spec, workload = resolved.model, resolved.profile, resolved.hardware, resolved.workload
     seq_len, global_batch = request.ctx, request.global_batch
 
-    from autosp.planner.evaluator import CTX_GRANULE, Evaluator
-    from autosp.planner.space import SPACE_VERSION, build_space
+    from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator
+    from autosp.planner.search.space import SPACE_VERSION, build_space
     from autosp.planner.versions import code_version, cost_model_version
 
     if measure is not None:
@@ -131,7 +131,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     request_key = resolved.key_material(trials, SPACE_VERSION)
     shared = None
     if storage is not None:
-        from autosp.planner.study import Shared, default_worker, study_key
+        from autosp.planner.search.optuna_study import Shared, default_worker, study_key
 
         skey = study_key(request_key)
         shared = Shared(storage=storage, study_name=study_name or f"autosp-{skey[:12]}", request_key=skey,
@@ -152,7 +152,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     evaluator = Evaluator(space)
     search_started = time.perf_counter()
     strategy = search
-    from autosp.planner import bulk_search
+    from autosp.planner.search import bulk_search
 
     in_bulk = objective == "throughput" and bulk_search.supported(space)
     if search == "optuna" and objective == "throughput" and shared is None and (
@@ -160,14 +160,14 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
             or in_bulk and bulk_is_cheaper(space.size(), request.trials, time_budget)):
         strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
     if strategy == "optuna":
-        from autosp.planner import search as optuna_search
+        from autosp.planner.search import optuna_search
 
         deadline = None if time_budget is None else time.monotonic() + time_budget
         if objective == "throughput":
             result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared,
                                                      deadline=deadline)
         else:
-            from autosp.planner.fast import fast_longest_context
+            from autosp.planner.search.fast import fast_longest_context
 
             result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline,
                                                   lean_sweep=fast_longest_context)
@@ -176,13 +176,13 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
                    f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + structure sweep + "
                    f"local refinement, shared study {shared.study_name!r}")
     elif strategy == "fast":
-        from autosp.planner import fast
+        from autosp.planner.search import fast
 
         result = (fast.fast_throughput(space, evaluator) if objective == "throughput"
                   else fast.fast_max_ctx(space, evaluator))
         sampler = "fast: branch and bound over the structure families + light climb (no sampler)"
     else:
-        from autosp.planner import exhaustive
+        from autosp.planner.search import exhaustive
 
         if in_bulk:
             result = bulk_search.bulk_throughput(space, evaluator, top_k=max(top_k, getattr(measure, "k", 0) or 0))
@@ -282,7 +282,7 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
 
 
 def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
-    from autosp.planner.space import padding
+    from autosp.planner.search.space import padding
 
     return padding(seq_len, sp, ring)
 

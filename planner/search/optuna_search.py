@@ -1,4 +1,4 @@
-"""Optuna search over the same space as :mod:`autosp.planner.exhaustive`, with a fraction of the calls.
+"""Optuna search over the same space as :mod:`autosp.planner.search.exhaustive`, with a fraction of the calls.
 
 One Optuna study per request, in memory, seeded (same request + same seed = same plan):
 
@@ -46,8 +46,8 @@ import time
 import warnings
 from dataclasses import asdict, replace
 
-from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
-from autosp.planner.space import chunk_overlap
+from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
+from autosp.planner.search.space import chunk_overlap
 
 DEFAULT_TRIALS = 60
 MAX_TRIALS = 10_000
@@ -65,7 +65,7 @@ time + ~2,750 calls, studies/results/search_quality_seed0_n150_before_family_swe
 
 FAMILY_SWEEP_BULK_CANDIDATES = 400_000
 """The family completion's budget, in candidates, where the bulk cost model scores the families
-(planner/bulk_search.py: about 1 us a candidate, so about what FAMILY_SWEEP_EVALUATIONS scalar calls cost)."""
+(planner/search/bulk_search.py: about 1 us a candidate, so about what FAMILY_SWEEP_EVALUATIONS scalar calls cost)."""
 
 
 def _import_optuna():
@@ -144,7 +144,7 @@ def _knobs_of(space, cand) -> dict:
 
 class _Study:
     """An Optuna study over ``space``'s knobs with a given per-candidate objective; in memory, or shared
-    with other workers through a storage (``shared``: :class:`autosp.planner.study.Shared`)."""
+    with other workers through a storage (``shared``: :class:`autosp.planner.search.optuna_study.Shared`)."""
 
     def __init__(self, space, seed: int, trials: int, value_fn, label: str, shared=None):
         self.optuna = _import_optuna()
@@ -160,7 +160,7 @@ class _Study:
                                                   sampler=_sampler(self.optuna, seed, n_startup))
             self.enqueued = []
         else:
-            from autosp.planner.study import open_study
+            from autosp.planner.search.optuna_study import open_study
 
             sampler = _sampler(self.optuna, shared.sampler_seed(seed), n_startup)
             self.study = open_study(self.optuna, shared, sampler)
@@ -201,7 +201,7 @@ class _Study:
             except ValueError as err:
                 # Two workers of a shared study could pop the same enqueued warm start where the database
                 # ignores SELECT ... FOR UPDATE (optuna/optuna#4621; SQLite study files take the write lock at
-                # BEGIN instead, planner/study.py): the slower one cannot tell a trial the other completed.
+                # BEGIN instead, planner/search/optuna_study.py): the slower one cannot tell a trial the other completed.
                 # That trial is scored; go on with the rest.
                 if self.shared is None or "Cannot tell a COMPLETE trial" not in str(err):
                     raise
@@ -410,7 +410,7 @@ def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS
     members all miss the memory by a little: their best member may fit), skipping a family that would take the
     calls spent past ``budget``. Returns the best fitting candidate scored, or None. ``best_of(members)``, when
     given, returns the best fitting candidate of a family's sub-space at once (the bulk cost model:
-    planner/bulk_search.py), which is then the only one scored through ``estimate``."""
+    planner/search/bulk_search.py), which is then the only one scored through ``estimate``."""
     spent, seen, best = 0, set(), None
     for cand, _ in ranked:
         family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
@@ -454,7 +454,7 @@ def _distinct_starts(ranked, k: int) -> list:
 def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
                       seq_len: int | None = None, label: str = "optuna", shared=None,
                       deadline: float | None = None) -> SearchResult:
-    """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.study.Shared`) the study
+    """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.search.optuna_study.Shared`) the study
     lives in a storage other workers share: the refinement starts from every worker's trials, records
     what it finds as trials, and the result ranks the study's trials (its best is the study's best
     feasible trial). ``trials`` = 0 is allowed only then: no sampler trials, just refine and read.
@@ -478,7 +478,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         study.run(study.enqueue(warm_starts(target)[:trials]), bar)  # a worker's --trials N bounds its starts too
         study.run(max(0, trials - study.n_trials), bar, deadline)
     if shared is not None:
-        from autosp.planner.study import finished_candidates
+        from autosp.planner.search.optuna_study import finished_candidates
 
         finished = finished_candidates(study.optuna, study.study)  # every worker's trials
         if shared.collect_only and not finished:
@@ -533,7 +533,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 
         ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
     after_refine = evaluator.calls
-    from autosp.planner import bulk_search
+    from autosp.planner.search import bulk_search
 
     if bulk_search.supported(target):  # whole families in bulk: many more of them for the same time
         completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq),
@@ -559,7 +559,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 def _record_and_rank(study, target, evaluator, seq, ranked, ends):
     """Shared study: add the refinement's results (the best candidate scored here, and each climb's
     end) as trials, then rank the study's finished trials, best first; and describe the study."""
-    from autosp.planner.study import add_trial, display, finished_candidates, summary_of
+    from autosp.planner.search.optuna_study import add_trial, display, finished_candidates, summary_of
 
     optuna = study.optuna
     present = set(finished_candidates(optuna, study.study))
@@ -582,7 +582,7 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
                    deadline: float | None = None, lean_sweep=None) -> SearchResult:
     """The longest context (TPE over the structural knobs at micro-batch 1, then a hill climb), then the
     fastest plan at it. ``lean_sweep(space, evaluator)``, when given, also prices the leanest point of every
-    structure family into ``evaluator.max_ctx_memo`` before the climb (:func:`autosp.planner.fast.
+    structure family into ``evaluator.max_ctx_memo`` before the climb (:func:`autosp.planner.search.fast.
     fast_longest_context`): where only a narrow corner of the space fits at all, TPE's trials may miss every
     fitting point (Llama-3.1-70B on two H100s: 60 trials found none, the leanest point fits 60k tokens)."""
     structural = space.with_workload(evaluator.workload(MAX_CTX)).lean_micro_batch()
