@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         if path is not None:  # "" too: a path was asked for
             check_output_path(path, flag)
 
-    from autosp.planner.api import plan_for
+    from autosp.planner.api import RunOptions, plan_for
     from autosp.planner.request import PlanRequest
 
     measure = None
@@ -257,8 +257,8 @@ def main(argv=None) -> int:
                                  backend=args.measure_backend, launcher=args.measure_launcher,
                                  timeout_s=args.measure_timeout, keep_dir=args.measure_dir)
     request = PlanRequest(**request_fields(args))
-    plan = plan_for(request, cache=None if args.no_cache else (args.cache or True), storage=args.storage,
-                    study_name=args.study_name, worker=args.worker_id, measure=measure)
+    plan = plan_for(request, RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
+                                        study_name=args.study_name, worker=args.worker_id, measure=measure))
 
     from autosp.planner.plan import write_outputs
 

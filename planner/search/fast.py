@@ -7,7 +7,7 @@ tests/planner/test_sweep.py; the search's quality against the default and the ex
 by ``studies/sweep_quality.py``):
 
 - within one structure (sp, ring, ZeRO stage, checkpointing), the dial knobs (MLP and logits+loss tiling,
-  activation and optimizer offload, :data:`~autosp.planner.search.optuna_search.DIAL_KNOBS`) only ever cost time: the
+  activation and optimizer offload, :data:`~autosp.planner.search.moves.DIAL_KNOBS`) only ever cost time: the
   undialed point of a family (fewest chunks, no offload) bounds the tokens/s of every point of it;
 - more tiling and a higher ZeRO stage only save device memory, and so do the offloads, but the two offloads
   share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
@@ -15,7 +15,7 @@ by ``studies/sweep_quality.py``):
   (:data:`OFFLOADS`).
 
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
-families are completed (:func:`~autosp.planner.search.optuna_search.complete`: the greedy dial walk) best bound first,
+families are completed (:func:`~autosp.planner.search.moves.complete`: the greedy dial walk) best bound first,
 a family none of whose leanest points fits is skipped (memory-only calls), and the sweep stops when the best
 fitting plan found is at least the next family's bound (branch and bound: by the first property no family
 that could win is left out; within a family the dial walk is greedy, as in the default search). A light climb then moves the micro-batch, the overlap schedule and
@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 
 from autosp.planner.search.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
-from autosp.planner.search.optuna_search import DIAL_KNOBS, complete
+from autosp.planner.search.moves import DIAL_KNOBS, complete
 from autosp.planner.search.space import chunk_overlap
 
 CLIMB_STEPS = 8

@@ -8,7 +8,7 @@ from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key
 from autosp.planner.search.exhaustive import exhaustive_max_ctx, exhaustive_throughput
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.planner.api import optuna_cost
+from autosp.planner.search.strategies import optuna_cost
 from autosp.planner.search.optuna_search import DEFAULT_TRIALS, optuna_max_ctx, optuna_throughput
 from autosp.planner.search.space import build_space
 
