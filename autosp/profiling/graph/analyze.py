@@ -19,22 +19,31 @@ from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 def measure(tr) -> dict:
     """Per-sequence quantities of the last decoder layer and of the model outside the layers."""
     la = LayerAnalysis(tr)
-    ops = tr.ops
     out: dict[str, float] = {}
     consumers = live.consumers_of(tr)
+    _kept_per_policy(tr, la, consumers, out)
+    _flops(la, out)
+    _pointwise(tr, la, consumers, out)
+    _backward_working_set(tr, la, out)
+    _outside_layers(tr, la, consumers, out)
+    _structure(tr, la, out)
+    return out
 
-    def put(prefix: str, el: Elems):
-        out[prefix + ".other"], out[prefix + ".kv"], out[prefix + ".fixed"] = el.other, el.kv, el.fixed
 
-    # --- kept / recomputed per policy ---
+def _put(out: dict, prefix: str, el: Elems) -> None:
+    out[prefix + ".other"], out[prefix + ".kv"], out[prefix + ".fixed"] = el.other, el.kv, el.fixed
+
+
+def _kept_per_policy(tr, la: LayerAnalysis, consumers, out: dict) -> None:
+    """What each checkpointing policy keeps and recomputes, by side (attention, MLP) and by tensor class."""
     none_mlp = [s for s in la.saved if la.side(s) == "mlp"]
-    put("mlp_inner", la.size(none_mlp))
+    _put(out, "mlp_inner", la.size(none_mlp))
     for policy in CHECKPOINTING_POLICIES:
         kept, recomputed = la.policy_sets(policy)
-        put(f"kept_attn.{policy}", la.size([s for s in kept if la.side(s) == "attn"]))
-        put(f"kept_mlp.{policy}", la.size([s for s in kept if la.side(s) == "mlp"]))
+        _put(out, f"kept_attn.{policy}", la.size([s for s in kept if la.side(s) == "attn"]))
+        _put(out, f"kept_mlp.{policy}", la.size([s for s in kept if la.side(s) == "mlp"]))
         redo = [s for s in recomputed if s in la.saved]
-        put(f"mlp_live.{policy}", la.size([s for s in redo if la.side(s) == "mlp"]))
+        _put(out, f"mlp_live.{policy}", la.size([s for s in redo if la.side(s) == "mlp"]))
         redo_ops = [o for o in la.producers(recomputed) if o.kind == "other"]
         out[f"pw_recompute.{policy}"] = live.fused_traffic(tr, sorted(redo_ops, key=lambda o: o.idx), consumers) / 2
     for cls in CLASSES:
@@ -46,7 +55,9 @@ def measure(tr) -> dict:
     out["virtual_bytes"] = sum(la.st[s].nbytes for s in la.saved if s < 0)    # the Ulysses-only copy
     out["shared_saved_bytes"] = sum(tr.storages[s].nbytes for s in la.shared)
 
-    # --- FLOPs ---
+
+def _flops(la: LayerAnalysis, out: dict) -> None:
+    """The layer's matmul and attention FLOPs, forward and backward."""
     out["mm_fwd"] = sum(o.flops for o in la.fwd if o.kind == "matmul")
     out["mlp_mm_fwd"] = sum(o.flops for o in la.fwd if o.kind == "matmul" and la.in_mlp(o.module))
     out["attn_fwd"] = sum(o.flops for o in la.fwd if o.kind == "attention")
@@ -54,7 +65,9 @@ def measure(tr) -> dict:
     out["attn_bwd"] = sum(o.flops for o in la.bwd if o.kind == "attention_backward")
     out["qproj_fwd"] = _qproj_flops(la)
 
-    # --- pointwise traffic: fused regions (what a compiler's fused kernels move), eager for reference ---
+
+def _pointwise(tr, la: LayerAnalysis, consumers, out: dict) -> None:
+    """Pointwise traffic: fused regions (what a compiler's fused kernels move), eager for reference."""
     pw_fwd_ops = [o for o in la.fwd if o.kind == "other"]
     pw_bwd_ops = [o for o in la.bwd if o.kind == "other"]
     out["pw_fwd"] = live.fused_traffic(tr, pw_fwd_ops, consumers) / 2
@@ -63,12 +76,16 @@ def measure(tr) -> dict:
     out["pw_fwd_eager"] = sum(o.rw_bytes for o in pw_fwd_ops) / 2
     out["pw_bwd_eager"] = sum(o.rw_bytes for o in pw_bwd_ops) / 2
 
-    # --- backward working set of the layer, from the live-bytes replay of the (policy none) trace ---
-    # MLP phase: from the start of the layer's backward through the MLP's; attention phase: the rest (the
-    # norms' backward included: HF's fp32 RMSNorm backward can be the layer's peak). The working set is
-    # every storage that is neither a parameter, a gradient of one, an input nor saved for backward (those
-    # are counted as kept), relative to what was alive just before the layer's backward started (the
-    # logits, ...) except the gradient arriving at the layer's output, which belongs to the phase.
+
+def _backward_working_set(tr, la: LayerAnalysis, out: dict) -> None:
+    """The backward working set of the layer, from the live-bytes replay of the (policy none) trace.
+
+    MLP phase: from the start of the layer's backward through the MLP's; attention phase: the rest (the
+    norms' backward included: HF's fp32 RMSNorm backward can be the layer's peak). The working set is
+    every storage that is neither a parameter, a gradient of one, an input nor saved for backward (those
+    are counted as kept), relative to what was alive just before the layer's backward started (the
+    logits, ...) except the gradient arriving at the layer's output, which belongs to the phase."""
+    ops = tr.ops
     every_saved = set(tr.saved)
     skip = la.excluded | tr.grad_sids | every_saved
 
@@ -76,7 +93,6 @@ def measure(tr) -> dict:
         return sid not in skip
 
     grad_in = tr.layer_grad_in.get(la.name, 0)
-    h = tr.storages[next(iter(la.X))].shape[-1] if la.X else 0
     out["grad_in"] = grad_in
     if la.bwd:
         start, stop = la.bwd[0].idx, la.bwd[-1].idx
@@ -100,11 +116,11 @@ def measure(tr) -> dict:
         for phase, (t0, t1) in windows.items():
             if t1 < t0:
                 grads_peak[phase] = (t0, base_e, base_o)
-                put(f"grads_{phase}", Elems())
+                _put(out, f"grads_{phase}", Elems())
                 continue
             grads_peak[phase] = live.peak(live.live_curve(tr, working, t0, t1, acc, layer_spans))
             _, eb, ob = grads_peak[phase]
-            put(f"grads_{phase}", Elems((eb - base_e) / 2, 0.0, ob - base_o))
+            _put(out, f"grads_{phase}", Elems((eb - base_e) / 2, 0.0, ob - base_o))
         # recomputed attention-side tensors: alive from the start of the layer's backward until their
         # last backward user ran (when the policy-none trace released them)
         for policy in CHECKPOINTING_POLICIES:
@@ -115,21 +131,26 @@ def measure(tr) -> dict:
             for phase, (t0, t1) in windows.items():
                 key = "recompute_mlp_phase" if phase == "mlp" else "recompute_attn_phase"
                 if t1 < t0 or not redo:
-                    put(f"{key}.{policy}", Elems())
+                    _put(out, f"{key}.{policy}", Elems())
                     continue
                 t, eb, ob = live.peak(live.live_curve(tr, working, t0, t1, acc + spans, layer_spans))
                 alive = [sid for sid in redo if (la.st[sid].free if la.st[sid].free >= 0 else end) > t]
                 kv = la.size(alive).kv
                 _, we, wo = grads_peak[phase]
-                put(f"{key}.{policy}", Elems((eb - we) / 2 - kv, kv, ob - wo))
+                _put(out, f"{key}.{policy}", Elems((eb - we) / 2 - kv, kv, ob - wo))
     else:
-        put("grads_mlp", Elems())
-        put("grads_attn", Elems())
+        _put(out, "grads_mlp", Elems())
+        _put(out, "grads_attn", Elems())
         for policy in CHECKPOINTING_POLICIES:
-            put(f"recompute_mlp_phase.{policy}", Elems())
-            put(f"recompute_attn_phase.{policy}", Elems())
+            _put(out, f"recompute_mlp_phase.{policy}", Elems())
+            _put(out, f"recompute_attn_phase.{policy}", Elems())
 
-    # --- outside the layers: head, loss, final norm ---
+
+
+def _outside_layers(tr, la: LayerAnalysis, consumers, out: dict) -> None:
+    """Outside the layers: the LM head, the loss and the final norm."""
+    ops = tr.ops
+    grad_in = out["grad_in"]
     V = tr.logits_shape[-1] if tr.logits_shape else 0
     in_any = lambda m: any(m == n or m.startswith(n + ".") for n in tr.layer_names)  # noqa: E731
     head = [o for o in ops[:tr.backward_start]
@@ -151,7 +172,7 @@ def measure(tr) -> dict:
         made_outside = not in_any(ops[st.producer].module)
         if outside_reader or made_outside:
             final.append(sid)
-    put("final", la.size(final))
+    _put(out, "final", la.size(final))
     early_saved = {s for s in tr.saved if 0 <= tr.storages[s].producer < head_idx}
     skip_loss = la.excluded | tr.grad_sids | early_saved | layer_inputs
 
@@ -164,9 +185,9 @@ def measure(tr) -> dict:
     layer_start = la.bwd[0].idx if la.bwd else len(ops)
     base_e, base_o = live.alive_before(tr, loss_working, head_idx)
     _, eb, ob = live.peak(live.live_curve(tr, loss_working, head_idx, layer_start - 1))
-    put("loss_peak", Elems((eb - base_e) / 2, 0.0, ob - base_o))
+    _put(out, "loss_peak", Elems((eb - base_e) / 2, 0.0, ob - base_o))
     end_e, end_o = live.alive_before(tr, loss_working, layer_start)
-    put("logits", Elems((end_e - base_e - grad_in) / 2, 0.0, end_o - base_o))
+    _put(out, "logits", Elems((end_e - base_e - grad_in) / 2, 0.0, end_o - base_o))
     loss_fwd = [o for o in ops[head_idx:tr.backward_start] if o.kind == "other"]
     norm_mods = {m for m, c in tr.module_classes.items() if "norm" in c.lower()}
     loss_bwd = [o for o in ops[tr.backward_start:layer_start]
@@ -176,7 +197,11 @@ def measure(tr) -> dict:
     out["loss_pw_fwd_eager"] = sum(o.rw_bytes for o in loss_fwd)
     out["loss_pw_bwd_eager"] = sum(o.rw_bytes for o in loss_bwd)
 
-    # --- structure (not fitted) ---
+
+def _structure(tr, la: LayerAnalysis, out: dict) -> None:
+    """The layer's shapes (not fitted)."""
+    h = tr.storages[next(iter(la.X))].shape[-1] if la.X else 0
+    V = tr.logits_shape[-1] if tr.logits_shape else 0
     c = la.sdpa[0]
     out["n_heads"], out["n_kv_heads"], out["head_dim"] = c.q_shape[1], c.k_shape[1], c.q_shape[3]
     out["v_head_dim"] = c.v_shape[3]
@@ -188,7 +213,6 @@ def measure(tr) -> dict:
     mlp_mm = [o for o in la.fwd if o.kind == "matmul" and la.in_mlp(o.module)]
     out["mlp_matmuls"] = len(mlp_mm)
     out["ffn_hidden"] = max((o.out_shapes[0][-1] for o in mlp_mm if o.out_shapes), default=0)
-    return out
 
 
 def _qproj_flops(la: LayerAnalysis) -> float:
