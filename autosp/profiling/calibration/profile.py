@@ -174,29 +174,11 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
 
     node = raw["ranks"][0]
     host_memory = node["host_memory"]["total_bytes"]
-    if device == "cuda":
-        mems = [r["gpu_memory"] for r in raw["ranks"]]
-        memory_bytes = min(m["total_bytes"] for m in mems)
-        usable_fraction = min(m["usable_fraction"] for m in mems)
-        host_bw = min(min(r["host_bandwidth"]["h2d"], r["host_bandwidth"]["d2h"]) for r in raw["ranks"])
-        host_note = "min over ranks of min(pinned host->device, device->host) copy rate, bytes/s"
-        memory_note = ("min over ranks of (allocatable + runtime overhead) / total after the CUDA context and "
-                       "NCCL exist; the overhead itself is in memory[*].overhead_bytes")
-    else:
-        same_node = [r for r in raw["ranks"] if r["host"] == node["host"]]
-        mem = cpu_memory(node["host_memory"], [r["rss_at_start"] for r in same_node], local_world)
-        mems = [mem]
-        memory_bytes = mem["per_rank_bytes"]
-        usable_fraction = mem["usable_fraction"]
-        host_bw = comp["copy_bandwidth"] / 2
-        host_note = "CPU: bytes copied per second by a host memory copy (memory_bandwidth / 2)"
-        memory_note = ("(MemAvailable + resident sets of the rank processes at start) / MemTotal; the rank "
-                       "processes' own footprint is memory[0].per_rank_runtime_bytes")
+    mems, memory_bytes, usable_fraction, host_bw, host_note, memory_note = _memory_figures(raw, comp)
     entries = fit_collectives(raw)
     intra = _link_figures(entries, "intra")
     inter = _link_figures(entries, "inter")
 
-    lin_shape = "x".join(map(str, linear["shape"]))
     device_name = raw["ranks"][0]["device_name"]
     threads = raw["ranks"][0]["threads"]
     now = now or datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -228,12 +210,48 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
         source=where,
         attention_kernel=raw.get("attention_kernel", ""),  # the kernel the attention measurement ran
     )
+    derivation = _derivation(raw, dtype, linear, attn, intra, inter, host_note, memory_note)
+    sidecar = _sidecar(raw, spec, now=now, command=command, contention=contention, derivation=derivation,
+                       comp=comp, mems=mems, entries=entries)
+    return spec, sidecar
+
+
+def _memory_figures(raw, comp: dict):
+    """(memory per rank, device memory, usable fraction, host bandwidth, and how the last two were derived)."""
+    device, local_world = raw["device"], raw["local_world_size"]
+    node = raw["ranks"][0]
+    if device == "cuda":
+        mems = [r["gpu_memory"] for r in raw["ranks"]]
+        memory_bytes = min(m["total_bytes"] for m in mems)
+        usable_fraction = min(m["usable_fraction"] for m in mems)
+        host_bw = min(min(r["host_bandwidth"]["h2d"], r["host_bandwidth"]["d2h"]) for r in raw["ranks"])
+        host_note = "min over ranks of min(pinned host->device, device->host) copy rate, bytes/s"
+        memory_note = ("min over ranks of (allocatable + runtime overhead) / total after the CUDA context and "
+                       "NCCL exist; the overhead itself is in memory[*].overhead_bytes")
+    else:
+        same_node = [r for r in raw["ranks"] if r["host"] == node["host"]]
+        mem = cpu_memory(node["host_memory"], [r["rss_at_start"] for r in same_node], local_world)
+        mems = [mem]
+        memory_bytes = mem["per_rank_bytes"]
+        usable_fraction = mem["usable_fraction"]
+        host_bw = comp["copy_bandwidth"] / 2
+        host_note = "CPU: bytes copied per second by a host memory copy (memory_bandwidth / 2)"
+        memory_note = ("(MemAvailable + resident sets of the rank processes at start) / MemTotal; the rank "
+                       "processes' own footprint is memory[0].per_rank_runtime_bytes")
+    return mems, memory_bytes, usable_fraction, host_bw, host_note, memory_note
+
+
+def _derivation(raw, dtype: str, linear: dict, attn: dict, intra, inter, host_note: str, memory_note: str) -> dict:
+    """How each field of the HardwareSpec was derived from the measurements (the sidecar's ``derivation``)."""
+    device, local_world = raw["device"], raw["local_world_size"]
+    lin_shape = "x".join(map(str, linear["shape"]))
+
     def link(what, fig, scope):
         if not fig:
             return "0: not measured (" + ("one rank)" if scope == "intra" else "one node)")
         return f"{what} of the {fig[3]} fit on {fig[2]} ranks ({scope}-node)"
 
-    derivation = {
+    return {
         "peak_flops": f"best {dtype} matmul rate measured (slowest rank per shape), FLOP/s",
         "matmul_efficiency": f"linear fwd+bwd {dtype} {lin_shape} rate {linear['flops']:.4g} (6MKN) / peak_flops",
         "attention_efficiency": (f"causal SDPA fwd+bwd {dtype} S={attn['seq_len']} rate {attn['flops']:.4g} "
@@ -250,7 +268,16 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
         "inter_node_latency": link("alpha (seconds per call)", inter, "inter"),
         "comm_efficiency": "1.0: the bandwidths above are measured, achieved rates",
     }
-    sidecar = {
+
+
+def _sidecar(raw, spec: HardwareSpec, *, now: str, command, contention, derivation: dict, comp: dict, mems: list,
+             entries) -> dict:
+    """The measurements sidecar: every raw figure behind the spec, and where it was measured."""
+    settings, device = raw["settings"], raw["device"]
+    local_world, world = raw["local_world_size"], raw["world_size"]
+    device_name, threads = raw["ranks"][0]["device_name"], raw["ranks"][0]["threads"]
+    dtype = settings["profile_dtype"]
+    return {
         "schema": MEASUREMENTS_SCHEMA,
         "schema_version": MEASUREMENTS_VERSION,
         "autosp_version": __version__,
@@ -271,7 +298,6 @@ def build_profile(raw, *, name: str | None = None, measurements_file: str = "", 
         "collectives": entries,
         "raw_per_rank": [{"rank": r["rank"], "host": r["host"], "compute": r["compute"]} for r in raw["ranks"]],
     }
-    return spec, sidecar
 
 
 def check_finite(spec: HardwareSpec) -> list:
