@@ -154,7 +154,7 @@ def _bug(prog: str, shown: list, err: Exception, rank: int | None) -> int:
     """Out of device memory (exit 3), or a bug in autosp: one line, a details file, exit 1."""
     if type(err).__name__ in _OUT_OF_DEVICE_MEMORY:
         _say(prog, f"error: out of device memory ({one_line(err, 200)}); the run does not fit this device: "
-                   "re-plan for it with autosp-plan --hw (or a calibrated profile)", rank, everywhere=True)
+                   "re-plan for it with autosp-plan --hw (or a calibrated hardware file)", rank, everywhere=True)
         return 3
     if os.environ.get("AUTOSP_TRACEBACK") == "1":
         traceback.print_exception(type(err), err, err.__traceback__)

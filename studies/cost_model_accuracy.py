@@ -6,7 +6,7 @@
 
 A grid of small Llama-style (model, sequence length) pairs x SP in {1, 2, 4} x (ZeRO stage,
 checkpointing policy) pairs -- 36 rows -- runs for real on this CPU (gloo ranks, the compiled SP step under DeepSpeed, fp32) and
-is predicted by the cost model with the calibrated profile of this machine for that rank count
+is predicted by the cost model with the calibrated hardware file of this machine for that rank count
 (studies/results/calibrated-cpux{1,2,4}.json, made by ``autosp-calibrate --quick --ranks N`` when
 missing). Per row: predicted and measured per-rank allocated peak memory (the cost model's total minus
 its GPU-only reserve; measured as static census + the step's dynamic peak, see studies/measure) and
@@ -101,7 +101,7 @@ def plot(rows: list[dict], path) -> None:
         ax.set_ylabel(f"predicted ({unit})")
         ax.set_title("per-rank peak memory" if key == "peak" else "step time")
         ax.legend(fontsize=8)
-    fig.suptitle("autosp cost model vs measurement (CPU, gloo, calibrated profile)")
+    fig.suptitle("autosp cost model vs measurement (CPU, gloo, calibrated hardware file)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -15,7 +15,7 @@ Two parts, both on 4 gloo ranks (world 4, fp32):
    nor ZeRO buckets) against the cost model's one-layer transient, the allocated peak against the
    prediction without its GPU-only reserve, and the step time (median of the timed steps, slowest rank),
    each with the ratio predicted / measured; then "vs ring 1": each ring row against its U x 1 row,
-   measured and predicted. Predictions use the calibrated profile of this machine
+   measured and predicted. Predictions use the calibrated hardware file of this machine
    (studies/results/calibrated-cpux4.json, ``autosp-calibrate --quick --ranks 4``).
 2. **Ring attention alone** (the ``autosp_ops::ring_attention`` op and its backward, the one the compiled
    graph calls, on the same 4 ranks): per rank, the time spent in attention kernels (the blockwise

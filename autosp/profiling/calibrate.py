@@ -1,4 +1,4 @@
-"""``autosp-calibrate``: measure this machine and write a hardware profile that ``autosp-plan --hw`` reads.
+"""``autosp-calibrate``: measure this machine and write a hardware file that ``autosp-plan --hw`` reads.
 
 Torch is imported only after the arguments are checked (``--help`` and bad input are instant), and never
 by ``import autosp.cost_models``.
@@ -16,7 +16,7 @@ from dataclasses import asdict
 from autosp.errors import AutospError, UsageError
 
 DESCRIPTION = """\
-Measure the machine this runs on and write a hardware profile (a HardwareSpec JSON) for the planner:
+Measure the machine this runs on and write a hardware file (a HardwareSpec JSON) for the planner:
 
   compute      achieved matmul FLOP/s at training-like shapes (bf16 on GPU, fp32 on CPU; the other dtype
                is measured too and recorded), linear forward+backward, causal SDPA attention
@@ -35,7 +35,7 @@ group size and message size go to a sidecar next to --out (hw.json -> hw.measure
 EPILOG = """\
 examples:
   autosp-calibrate --quick --ranks 2 --out cpu2.json      # about 30 s on a 2-core CPU (gloo)
-  autosp-plan --model llama --ctx 32k --hw cpu2.json      # plan with the measured profile
+  autosp-plan --model llama --ctx 32k --hw cpu2.json      # plan with the measured hardware file
   autosp-calibrate --out h200x8.json --compare h100x8     # all local GPUs (nccl), vs a catalog entry
   torchrun --nproc-per-node 8 -m autosp.profiling.calibrate --out hw.json   # ranks from torchrun
 
@@ -91,7 +91,7 @@ def _check_out(path: str) -> None:
     """Fail before measuring when --out (or its measurements sidecar) cannot be written: a directory, a
     device or pipe, or a place this process cannot create files in (autosp.files tries, as permission bits
     lie to root)."""
-    from autosp.profiling.calibration.profile import measurements_path_for
+    from autosp.profiling.calibration.hardware_spec import measurements_path_for
     from autosp.files import check_output
 
     if os.path.isdir(path):
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     import torch  # noqa: PLC0415 - only now: --help and bad input stay fast
 
     from autosp.profiling.calibration import launch
-    from autosp.profiling.calibration.profile import (build_profile, check_finite, format_summary,
+    from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, check_finite, format_summary,
                                                         measurements_path_for)
     from autosp.profiling.calibration.settings import make_settings
 
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
 
     busy = contention.report(before, contention.snapshot(), _cores(), own_children_counted=env is None)
     measurements_path = measurements_path_for(args.out) if args.out else None
-    spec, sidecar = build_profile(
+    spec, sidecar = build_hardware_spec(
         raw, name=args.name, measurements_file=os.path.basename(measurements_path) if measurements_path else "",
         command=["autosp-calibrate", *(sys.argv[1:] if argv is None else argv)], contention=busy)
     bad = check_finite(spec)

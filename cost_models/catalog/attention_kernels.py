@@ -1,4 +1,4 @@
-"""Attention kernels as part of the hardware profile: which kernels each catalogued accelerator runs, how fast
+"""Attention kernels as part of the hardware file: which kernels each catalogued accelerator runs, how fast
 each runs causal attention (forward + backward, as a fraction of the accelerator's dense bf16 peak), and which
 one the compiler runs there by default; and, for a machine described by its CUDA capability, cuDNN version and
 packages (:class:`Machine`), which kernels it runs (:func:`available`) and which one runs for a plan

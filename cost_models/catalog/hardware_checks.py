@@ -1,6 +1,6 @@
 """Is a HardwareSpec something the cost model can price? Checked wherever one enters the planner.
 
-A cluster file, a calibrated profile, a plan's ``hardware`` section or a HardwareSpec passed to
+A cluster file, a calibrated hardware file, a plan's ``hardware`` section or a HardwareSpec passed to
 ``autosp.plan`` may carry figures that make the cost model divide by zero or overflow (``peak_flops =
 0``, ``memory_gib = 1e308``, no inter-node bandwidth on a multi-node cluster), or counts that make the
 search run for hours (``h100x8000000000``). :func:`validate_hardware` turns each into one line that

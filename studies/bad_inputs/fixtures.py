@@ -215,7 +215,7 @@ def _dev(path: Path, directory: Path) -> None:
         os.mkfifo(path)
 
 
-# -- cluster files and hardware profiles --------------------------------------------------------------
+# -- cluster files and hardware files --------------------------------------------------------------
 
 for _name, _what, _body in [
     ("zero.toml", "base h100, peak_flops = 0", 'base = "h100"\npeak_flops = 0\n'),

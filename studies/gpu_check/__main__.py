@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=420.0, metavar="SECONDS",
                    help="stop gracefully within this many seconds, compiles included (default 420)")
     p.add_argument("--dry-run", action="store_true", help="the same rows at tiny sizes on the CPU (automatic without CUDA)")
-    p.add_argument("--hw", default=None, help="hardware to predict with: catalog name or calibrated profile "
+    p.add_argument("--hw", default=None, help="hardware to predict with: catalog name or calibrated hardware file "
                                                "(default h200; dry run: studies/results/calibrated-cpux1.json)")
     p.add_argument("--rows", default="", help="comma-separated row names to run, in this order (default all): "
                                               + ", ".join(r.name for r in rows_mod.ROWS))

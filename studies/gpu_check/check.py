@@ -29,7 +29,7 @@ class CheckOptions:
     out: Path
     time_budget: float = 420.0
     dry_run: bool = False
-    hw: str | None = None            # catalog name or calibrated profile; None: h200 (GPU) / this CPU's profile
+    hw: str | None = None            # catalog name or calibrated hardware file; None: h200 (GPU) / this CPU's profile
     rows: tuple = ()                 # row names; empty: all, in ROWS order
     warmup: int = 1                  # steps before measuring (the first compiles)
     steps: int | None = None         # timed steps (the median is reported); None: 3 on the GPU, 1 dry run

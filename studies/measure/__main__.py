@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     p.add_argument("--impl", default="reference", choices=("reference", "hf"))
-    p.add_argument("--hw", default=None, help="hardware profile (catalog name or JSON file) to predict with")
+    p.add_argument("--hw", default=None, help="hardware file (catalog name or JSON file) to predict with")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON (after the ranks' logs)")
     p.add_argument("--out", help="also write the whole result as JSON to this file")
     args = p.parse_args(argv)

@@ -25,7 +25,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def calibrated_cpu(ranks: int, recalibrate: bool = False) -> HardwareSpec:
-    """The calibrated profile of this machine with ``ranks`` gloo ranks (cached in studies/results/).
+    """The calibrated hardware file of this machine with ``ranks`` gloo ranks (cached in studies/results/).
 
     Runs ``autosp-calibrate --quick --ranks N`` when the file is missing (20-60 s on 2 cores)."""
     from autosp.cost_models.catalog.hardware import resolve_hardware

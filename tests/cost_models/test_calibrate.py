@@ -13,7 +13,7 @@ import pytest
 
 from autosp.cli import calibrate_main
 from autosp.profiling.calibration.fit import bus_factor, fit_alpha_beta
-from autosp.profiling.calibration.profile import (build_profile, check_finite, format_summary,
+from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, check_finite, format_summary,
                                                     measurements_path_for)
 from autosp.profiling.calibration.settings import make_settings
 from autosp.planner.plan import hardware_from_dict
@@ -129,7 +129,7 @@ def _raw(slow_rank_factor=1.0, alpha=300e-6, beta=1e9):
 
 
 def test_profile_rules_on_known_measurements():
-    spec, sidecar = build_profile(_raw(slow_rank_factor=0.8), now="2026-01-01T00:00:00+00:00")
+    spec, sidecar = build_hardware_spec(_raw(slow_rank_factor=0.8), now="2026-01-01T00:00:00+00:00")
     acc = spec.accelerator
     assert acc.peak_flops == pytest.approx(32e9)  # best matmul of the slowest rank
     assert spec.matmul_efficiency == pytest.approx(24e9 / 32e9)
@@ -152,15 +152,15 @@ def test_profile_rules_on_known_measurements():
 
 def test_fingerprint_is_stable_through_the_file_and_changes_with_figures(tmp_path):
     now = "2026-01-01T00:00:00+00:00"
-    spec, _ = build_profile(_raw(), now=now)
+    spec, _ = build_hardware_spec(_raw(), now=now)
     path = tmp_path / "hw.json"
     path.write_text(json.dumps(asdict(spec), indent=2))
     loaded_once = hardware_from_dict(json.loads(path.read_text()))
     loaded_twice = hardware_from_dict(json.loads(path.read_text()))
     assert loaded_once == spec
     assert loaded_once.fingerprint() == loaded_twice.fingerprint() == spec.fingerprint()
-    assert build_profile(_raw(), now=now)[0].fingerprint() == spec.fingerprint()  # same figures, same print
-    assert build_profile(_raw(beta=2e9), now=now)[0].fingerprint() != spec.fingerprint()
+    assert build_hardware_spec(_raw(), now=now)[0].fingerprint() == spec.fingerprint()  # same figures, same print
+    assert build_hardware_spec(_raw(beta=2e9), now=now)[0].fingerprint() != spec.fingerprint()
     assert replace(spec, matmul_efficiency=0.5).fingerprint() != spec.fingerprint()
     faster = replace(spec, accelerator=replace(spec.accelerator, peak_flops=spec.accelerator.peak_flops * 1.01))
     assert faster.fingerprint() != spec.fingerprint()
@@ -169,7 +169,7 @@ def test_fingerprint_is_stable_through_the_file_and_changes_with_figures(tmp_pat
 def test_summary_table_compares_with_a_catalog_entry():
     from autosp.cost_models.catalog.hardware import resolve_hardware
 
-    spec, sidecar = build_profile(_raw())
+    spec, sidecar = build_hardware_spec(_raw())
     table = format_summary(spec, sidecar, resolve_hardware("h100x8"), elapsed=1.0)
     assert "vs catalog h100x8" in table
     assert "1 GB/s" in table and "e+" not in table  # 0.99999e9 rounds to 1 GB/s
@@ -231,7 +231,7 @@ def test_help_teaches(capsys):
 
 def test_calibration_modules_do_not_drag_torch_into_planning():
     code = ("import sys; import autosp.cost_models, autosp.profiling.calibrate, "
-            "autosp.profiling.calibration.profile, autosp.profiling.calibration.fit, "
+            "autosp.profiling.calibration.hardware_spec, autosp.profiling.calibration.fit, "
             "autosp.profiling.calibration.settings, autosp.profiling.calibration.contention; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

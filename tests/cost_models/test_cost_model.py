@@ -387,7 +387,7 @@ def test_shapes_parameter_count_matches_model_spec():
 
 
 def test_hardware_without_link_figures_does_not_crash():
-    """A calibration profile may lack links (zeros): communication then costs infinite time, not an error."""
+    """A calibrated hardware file may lack links (zeros): communication then costs infinite time, not an error."""
     bare = HardwareSpec(name="bare", accelerator=AcceleratorSpec(name="cpu", peak_flops=1e12, memory_bytes=64 * GIB,
                                                                   memory_bandwidth=0.0), devices_per_node=2)
     est = estimate(TINY, bare, Workload(seq_len=1024), Candidate(sp=2, zero_stage=1))

@@ -10,9 +10,10 @@ One concern per module:
 - :mod:`.fit` — the alpha-beta (latency-bandwidth) least-squares fit and bus-bandwidth factors.
 - :mod:`.limits` — how many ranks and threads this machine can hold, checked before any is started.
 - :mod:`.launch` — running the measurement on N ranks (spawned here, or under torchrun).
-- :mod:`.profile` — turning raw measurements into a :class:`HardwareSpec`, its sidecar and a summary.
+- :mod:`.hardware_spec` — turning raw measurements into a :class:`HardwareSpec`, its sidecar and a summary.
 - :mod:`.progress` — the progress bar on stderr.
 
-Importing this package, :mod:`.fit`, :mod:`.settings`, :mod:`.limits`, :mod:`.profile` or :mod:`.progress` does not import
-torch; the measuring modules do. See docs/calibration.md for what every profile field means.
+Importing this package, :mod:`.fit`, :mod:`.settings`, :mod:`.limits`, :mod:`.hardware_spec` or :mod:`.progress`
+does not import torch; the measuring modules do. See docs/calibration.md for what every field of the hardware
+file means.
 """

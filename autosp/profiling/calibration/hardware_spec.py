@@ -7,7 +7,7 @@ measured shapes:
 - A synchronous training step runs at the pace of its slowest rank, so every per-rank rate is combined
   across ranks by taking the *slowest* rank (minimum rate, maximum time); the spread is recorded.
 - ``peak_flops``: the best matmul rate measured in the profile dtype (plain matmuls and the linear
-  forward+backward alike). MFU computed against a calibrated profile is relative to this, not to a
+  forward+backward alike). MFU computed against a calibrated hardware file is relative to this, not to a
   datasheet.
 - ``matmul_efficiency``: linear forward+backward rate (6 M K N FLOP) at the training shape / peak.
 - ``attention_efficiency``: causal SDPA forward+backward rate at the longest sequence measured, FLOPs
@@ -157,7 +157,7 @@ def _short_device(name: str, device: str) -> str:
     return "gpu"
 
 
-def build_profile(raw, *, name: str | None = None, measurements_file: str = "", command=(), now=None,
+def build_hardware_spec(raw, *, name: str | None = None, measurements_file: str = "", command=(), now=None,
                   contention: dict | None = None):
     """``(HardwareSpec, sidecar dict)`` from the raw result of :mod:`.launch`."""
     settings = raw["settings"]
@@ -391,7 +391,7 @@ def format_summary(spec: HardwareSpec, sidecar: dict, compare: HardwareSpec | No
     title = f"  {'profile field':<28} {'measured':>16}"
     if compare:
         title += f" {compare.name:>16}"
-    lines.append("hardware profile" + (f" (vs catalog {compare.name})" if compare else ""))
+    lines.append("hardware file" + (f" (vs catalog {compare.name})" if compare else ""))
     lines.append(title)
     for key, text in rows:
         line = f"  {key:<28} {text:>16}"
@@ -424,5 +424,5 @@ def _profile_rows(spec: HardwareSpec):
     ]
 
 
-__all__ = ["MEASUREMENTS_SCHEMA", "MEASUREMENTS_VERSION", "build_profile", "check_finite", "cpu_memory",
+__all__ = ["MEASUREMENTS_SCHEMA", "MEASUREMENTS_VERSION", "build_hardware_spec", "check_finite", "cpu_memory",
            "fit_collectives", "format_summary", "measurements_path_for", "summarize_compute"]
