@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     import torch  # noqa: PLC0415 - only now: --help and bad input stay fast
 
     from autosp.profiling.calibration import launch
-    from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, check_finite, format_summary,
+    from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, non_finite_fields, format_summary,
                                                         measurements_path_for)
     from autosp.profiling.calibration.settings import make_settings
 
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     spec, sidecar = build_hardware_spec(
         raw, name=args.name, measurements_file=os.path.basename(measurements_path) if measurements_path else "",
         command=["autosp-calibrate", *(sys.argv[1:] if argv is None else argv)], contention=busy)
-    bad = check_finite(spec)
+    bad = non_finite_fields(spec)
     if bad:
         raise AutospError(f"calibration produced invalid figures ({', '.join(bad)}); not writing a profile")
     elapsed = time.perf_counter() - started

@@ -13,7 +13,7 @@ import pytest
 
 from autosp.cli import calibrate_main
 from autosp.profiling.calibration.fit import bus_factor, fit_alpha_beta
-from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, check_finite, format_summary,
+from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, non_finite_fields, format_summary,
                                                     measurements_path_for)
 from autosp.profiling.calibration.settings import make_settings
 from autosp.planner.plan import hardware_from_dict
@@ -142,7 +142,7 @@ def test_profile_rules_on_known_measurements():
     assert spec.usable_memory_fraction == pytest.approx((12e9 + 2e8) / 16e9)
     assert acc.memory_bandwidth == pytest.approx(10e9) and spec.host_bandwidth == pytest.approx(5e9)
     assert spec.host_memory_bytes == 16e9
-    assert check_finite(spec) == []
+    assert non_finite_fields(spec) == []
     fits = {e["collective"]: e["fit"] for e in sidecar["collectives"]}
     assert fits["all_reduce"]["beta"] == pytest.approx(2e9, rel=1e-9)
     assert sidecar["hardware_fingerprint"] == spec.fingerprint()
@@ -247,7 +247,7 @@ def _assert_loadable_profile(path):
     data = json.loads(path.read_text())
     spec = hardware_from_dict(data)
     assert resolve_hardware(str(path)) == spec  # what `autosp-plan --hw PATH` loads
-    assert check_finite(spec) == []
+    assert non_finite_fields(spec) == []
     acc = spec.accelerator
     for value in (acc.peak_flops, acc.memory_bytes, acc.memory_bandwidth, spec.host_bandwidth,
                   spec.host_memory_bytes, spec.matmul_efficiency, spec.attention_efficiency,

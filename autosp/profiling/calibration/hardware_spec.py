@@ -300,7 +300,7 @@ def _sidecar(raw, spec: HardwareSpec, *, now: str, command, contention, derivati
     }
 
 
-def check_finite(spec: HardwareSpec) -> list:
+def non_finite_fields(spec: HardwareSpec) -> list:
     """Names of numeric fields that are negative, NaN or infinite (should be none)."""
     bad = []
     for key, value in list(asdict(spec).items()) + [(f"accelerator.{k}", v)
@@ -424,5 +424,5 @@ def _profile_rows(spec: HardwareSpec):
     ]
 
 
-__all__ = ["MEASUREMENTS_SCHEMA", "MEASUREMENTS_VERSION", "build_hardware_spec", "check_finite", "cpu_memory",
+__all__ = ["MEASUREMENTS_SCHEMA", "MEASUREMENTS_VERSION", "build_hardware_spec", "non_finite_fields", "cpu_memory",
            "fit_collectives", "format_summary", "measurements_path_for", "summarize_compute"]
