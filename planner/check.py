@@ -113,12 +113,11 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
     model / autosp version passes if it is still within tolerance. ``best_out``: write the best plan found
     now there. ``cache``: the plan cache for that search (as :func:`autosp.planner.api.plan_for`).
     """
-    from autosp.units import format_gib, format_tokens
+    from autosp.units import format_tokens
 
     tol = parse_tolerance(tolerance)
     art = load_artifact(path)
     t = resolve_target(art, target)
-    objective = t.request.objective
     cand = art.candidate
     reasons, changes, notes = [], [], []
     status = PASS
@@ -139,36 +138,13 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
 
         reasons.append(f"does not fit on {where}: {memory_shortfall(est)}")
 
-    drift = []  # the same knobs on the same target priced differently: the cost model changed under the plan
-    if est is not None and art.estimate is not None and not changed_target:
-        old = art.estimate
-        for label, a, b in (("step time", old.time.step, est.time.step),
-                            ("tokens/s", old.tokens_per_second, est.tokens_per_second),
-                            ("peak memory", old.memory.total, est.memory.total)):
-            if a and abs(b / a - 1) > PREDICTION_DRIFT:
-                drift.append(f"{label} {a:,.4g} -> {b:,.4g} ({100 * (b / a - 1):+.1f}%)")
-        if drift:
-            changes.append("prediction: " + ", ".join(drift))
+    drift = [] if changed_target else _drift(art.estimate, est)
+    if drift:
+        changes.append("prediction: " + ", ".join(drift))
 
     best, gap = None, None
     if status == PASS or status == STALE:
-        try:
-            best = best_now(t, cache)
-        except InfeasibleError as err:  # the committed plan fits, so the search should too; say so if not
-            notes.append(f"the search found nothing that fits ({err})")
-        if best is not None:
-            if objective == "max-ctx":
-                gap = 1 - t.workload.seq_len / best.workload.seq_len if best.workload.seq_len else 0.0
-                better = f"the longest context now is {best.workload.seq_len:,} tokens ({best.candidate.short()})"
-            else:
-                gap = 1 - est.tokens_per_second / best.estimate.tokens_per_second
-                better = (f"the best plan now ({best.candidate.short()}) is {_pct(gap / (1 - gap) if gap < 1 else 1)} "
-                          f"faster: {best.estimate.tokens_per_second:,.0f} vs {est.tokens_per_second:,.0f} tokens/s")
-            if gap > tol:
-                status = STALE
-                reasons.append(f"{better}, beyond the {_pct(tol)} tolerance")
-            elif gap < 0:
-                notes.append(f"the committed plan beats the best the search found now by {_pct(-gap)}")
+        status, best, gap = _against_now(t, cache, est, tol, status, reasons, notes)
         if changed_target:
             status = STALE
             reasons.append("made for another target: " + "; ".join(c.split(" (")[0] for c in changed_target))
@@ -184,11 +160,54 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
         from autosp.planner.plan import save_plan
 
         save_plan(best, best_out)
-    result = {
+    return _verdict(status, art, t, reason, est, best, gap, tol, now_versions, changes, reasons, notes, best_out)
+
+
+def _drift(old, est) -> list:
+    """The same knobs on the same target priced differently: the cost model changed under the plan."""
+    drift = []
+    if est is not None and old is not None:
+        for label, a, b in (("step time", old.time.step, est.time.step),
+                            ("tokens/s", old.tokens_per_second, est.tokens_per_second),
+                            ("peak memory", old.memory.total, est.memory.total)):
+            if a and abs(b / a - 1) > PREDICTION_DRIFT:
+                drift.append(f"{label} {a:,.4g} -> {b:,.4g} ({100 * (b / a - 1):+.1f}%)")
+    return drift
+
+
+def _against_now(t, cache, est, tol: float, status: int, reasons: list, notes: list):
+    """(status, the best plan a search finds now or None, how far the committed plan is behind it): STALE when
+    beyond ``tol``. Appends to ``reasons`` and ``notes``."""
+    gap = None
+    try:
+        best = best_now(t, cache)
+    except InfeasibleError as err:  # the committed plan fits, so the search should too; say so if not
+        notes.append(f"the search found nothing that fits ({err})")
+        best = None
+    if best is not None:
+        if t.request.objective == "max-ctx":
+            gap = 1 - t.workload.seq_len / best.workload.seq_len if best.workload.seq_len else 0.0
+            better = f"the longest context now is {best.workload.seq_len:,} tokens ({best.candidate.short()})"
+        else:
+            gap = 1 - est.tokens_per_second / best.estimate.tokens_per_second
+            better = (f"the best plan now ({best.candidate.short()}) is {_pct(gap / (1 - gap) if gap < 1 else 1)} "
+                      f"faster: {best.estimate.tokens_per_second:,.0f} vs {est.tokens_per_second:,.0f} tokens/s")
+        if gap > tol:
+            status = STALE
+            reasons.append(f"{better}, beyond the {_pct(tol)} tolerance")
+        elif gap < 0:
+            notes.append(f"the committed plan beats the best the search found now by {_pct(-gap)}")
+    return status, best, gap
+
+
+def _verdict(status, art, t, reason, est, best, gap, tol, now_versions, changes, reasons, notes, best_out) -> dict:
+    """The verdict dict ``autosp-plan check --json`` prints."""
+    cand = art.candidate
+    return {
         "status": STATUS[status], "exit_code": status, "file": art.path, "kind": art.kind,
         "target": {"model": t.model.name, "model_fingerprint": t.model.fingerprint(), "hardware": t.hardware.name,
                    "hardware_fingerprint": t.hardware.fingerprint(), "workload": asdict(t.workload),
-                   "objective": objective},
+                   "objective": t.request.objective},
         "candidate": asdict(cand), "short": cand.short(),
         "now": _now_dict(reason, est),
         "committed": None if art.estimate is None else {
@@ -204,7 +223,6 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
         "replan": replan_command(t, art.path if art.kind == "plan" else "plan.json"),
         "best_out": best_out if best is not None and best_out else None,
     }
-    return result
 
 
 # -- select -----------------------------------------------------------------------------------------
