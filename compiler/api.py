@@ -12,6 +12,7 @@ import copy
 import os
 
 from autosp.cost_models.specs import Candidate
+from autosp.contract.rules import candidate_reason
 from autosp.errors import UsageError
 
 DTYPES = ("fp32", "bf16")
@@ -78,13 +79,11 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
 
 
 def _refuse_impossible_combinations(candidate: Candidate) -> None:
-    """Knob combinations that mean nothing in the compiled graph (the planner must not emit them)."""
-    if candidate.sequence_chunks > 1 and candidate.overlap == "head_pipeline":
-        raise UsageError("overlap=head_pipeline splits each layer's attention into head groups, and sequence_chunks "
-                         "needs one attention per layer; use overlap=none or kv_async with sequence_chunks > 1")
-    if candidate.overlap != "none" and candidate.ring > 1 and candidate.ulysses == 1:
-        raise UsageError(f"overlap={candidate.overlap} overlaps the Ulysses all-to-alls, and ring={candidate.ring} = "
-                         f"sp leaves none (ring attention always overlaps its own transfers); use overlap=none")
+    """Knob combinations that mean nothing in the compiled graph: the planner's own admission rules
+    (autosp.contract.rules), which a hand-made plan must meet too."""
+    reason = candidate_reason(candidate)
+    if reason:
+        raise UsageError(reason)
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -193,36 +192,31 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
     import torch
 
     from autosp.compiler.backend import make_backend
-    from autosp.compiler.context import SPContext
+    from autosp.compiler.context import SPContext, unique_key
 
     if pad_token_id is None:
         pad_token_id = getattr(getattr(module, "config", None), "pad_token_id", None)
         if not isinstance(pad_token_id, int) or pad_token_id < 0:
             pad_token_id = 0
-    ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
-                    world_group=layout.world_group.group_name, grad_world_size=grad_world_size,
-                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
-                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap,
-                    ring_size=candidate.ring,
-                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
-                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
-    ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
-    ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
     windows = windows or []
-    ctx.layer_windows = windows
+    router_key = ""
     if moe:
         from autosp.compiler.router_loss import patch_router_loss
 
         if patch_router_loss(module):  # the router's load-balancing loss over the whole batch
-            ctx.router_key = f"router-{id(ctx):x}"
+            router_key = unique_key("router")
+    param_layers = {}
     if windows and len(set(windows)) > 1:
-        ctx.param_layers = _parameter_layers(module)
-        if ctx.fragments:
+        param_layers = _parameter_layers(module)
+        if candidate.zero_stage == 3:
             _distinct_window_layer_types(module, windows)
-    if packed or windows:
-        from autosp.compiler.runtime import rule_key
-
-        ctx.rule = rule_key(ctx)
+    ctx = SPContext(candidate=candidate, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
+                    world_group=layout.world_group.group_name, grad_world_size=grad_world_size,
+                    ignore_index=ignore_index,
+                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
+                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None,
+                    rule=unique_key("engine") if packed or windows else "", layer_windows=windows,
+                    router_key=router_key, param_layers=param_layers)
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
@@ -330,7 +324,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     from autosp.compiler.groups import make_layout
     from autosp.compiler.runtime import SPEngine
 
-    layout = make_layout(candidate.sp, candidate.dp, candidate.ring)
+    layout = make_layout(candidate)
     config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
 
     if candidate.zero_stage == 3:

@@ -13,28 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-CHECKPOINTING_POLICIES = ("none", "selective", "sequence", "full")
-"""Activation checkpointing, from most memory to least:
-
-- ``none``: every activation the backward needs stays in memory.
-- ``selective``: keep the outputs of matmuls, attention and collectives; recompute norms, RoPE,
-  activations functions and other pointwise work in the backward.
-- ``sequence``: keep the layer input, the attention inputs after their all-to-all and the attention
-  output; recompute every O(s) operation (projections, MLP, norms). Attention (O(s^2)) and the
-  collectives are never recomputed.
-- ``full``: keep only each layer's input; recompute the whole layer, attention and collectives
-  included.
-"""
-
-OVERLAP_SCHEDULES = ("none", "kv_async", "head_pipeline")
-"""How the Ulysses all-to-alls overlap with compute:
-
-- ``none``: each all-to-all runs when its input is ready and blocks.
-- ``kv_async``: the K and V all-to-alls are launched asynchronously while Q's projection/all-to-all
-  proceeds.
-- ``head_pipeline``: attention runs in head chunks; the all-to-all of chunk i+1 overlaps the attention
-  of chunk i.
-"""
+from autosp.contract.knobs import BY_NAME, CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
 
 DTYPES = ("bf16", "fp32")
 OPTIMIZERS = ("adamw",)
@@ -324,8 +303,8 @@ class Candidate:
     ep: int = 1
 
     def __post_init__(self):
-        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks",
-                     "ep"):
+        knobs = [BY_NAME[f.name] for f in fields(self)]  # the knob table's rows, in field order
+        for name in (k.name for k in knobs if k.kind is int and not k.values):  # the counts
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # a plan's true is no count
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -336,7 +315,7 @@ class Candidate:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
         if self.overlap not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
-        for name in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param"):
+        for name in (k.name for k in knobs if k.kind is bool):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.offload_activations and self.checkpointing == "none":

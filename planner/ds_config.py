@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 
+from autosp.contract.knobs import KNOBS
 from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
 
 
@@ -41,6 +42,14 @@ def deepspeed_config(plan) -> dict:
     c, w = plan.candidate, plan.workload
     world = c.dp * c.sp
     sequences = c.micro_batch * c.grad_accum * c.dp
+    knobs = {}
+    for knob in KNOBS:  # the table's knobs with a key here (ZeRO stage, micro-batch, grad accum are DeepSpeed's)
+        if knob.ds_key:
+            knobs[knob.ds_key] = getattr(c, knob.name)
+        if knob.name == "sp":
+            knobs["ulysses"] = c.ulysses
+        elif knob.name == "dp":
+            knobs.update(seq_len=w.seq_len, sequences_per_step=sequences, tokens_per_step=sequences * w.seq_len)
     return {
         **run_config(c, w.dtype, n_params=plan.model.n_params()),
         "autosp": {
@@ -48,23 +57,7 @@ def deepspeed_config(plan) -> dict:
                      "sequence shards (sp per sequence). Sequences per optimizer step: "
                      "sequences_per_step."),
             "world_size": world,
-            "sp": c.sp,
-            "ulysses": c.ulysses,
-            "ring": c.ring,
-            "dp": c.dp,
-            "seq_len": w.seq_len,
-            "sequences_per_step": sequences,
-            "tokens_per_step": sequences * w.seq_len,
-            "checkpointing": c.checkpointing,
-            "mlp_chunks": c.mlp_chunks,
-            "loss_chunks": c.loss_chunks,
-            "offload_activations": c.offload_activations,
-            "overlap": c.overlap,
-            "offload_optimizer": c.offload_optimizer,
-            "sequence_chunks": c.sequence_chunks,
-            "offload_chunks": c.offload_chunks,
-            "offload_param": c.offload_param,
-            "ep": c.ep,  # expert parallelism (mixture of experts; 1 = none)
+            **knobs,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, fields
 
+from autosp.contract.knobs import BY_NAME, KNOBS, SEARCHED
 from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
 
-DERIVED = ("dp", "grad_accum")
+DERIVED = tuple(knob.name for knob in KNOBS if not knob.searched)
 """Candidate fields that follow from others (dp = world / sp; grad_accum from the global batch)."""
 
 
@@ -184,11 +185,11 @@ def _check_together(pins: dict) -> None:
     shown = format_pins(sorted(pins.items()))
     ring = pins.get("ring", 1)
     sp = pins.get("sp", ring * (1 if pins.get("overlap", "none") == "none" else 2))
-    knobs = {"sp": sp, "ring": ring, "zero_stage": 3, "micro_batch": 1, "checkpointing": "full", "mlp_chunks": 1,
-             "loss_chunks": 1, "offload_activations": False, "overlap": "none",
-             "offload_optimizer": pins.get("zero_stage", 3) >= 1,
-             "sequence_chunks": 4 if pins.get("offload_chunks") else 1, "offload_chunks": False,
-             "offload_param": False}  # what the pins need, where not pinned themselves
+    # every searched knob at its default but what the pins need, where not pinned themselves (ep is checked against
+    # the cluster by check_pins, not here)
+    knobs = dict({name: BY_NAME[name].default for name in SEARCHED if name != "ep"}, sp=sp, ring=ring, zero_stage=3,
+                 checkpointing="full", offload_optimizer=pins.get("zero_stage", 3) >= 1,
+                 sequence_chunks=4 if pins.get("offload_chunks") else 1)
     knobs.update({k: v for k, v in pins.items() if k in knobs})
     try:
         Candidate(**{**knobs, **{k: v for k, v in pins.items() if k in DERIVED}})

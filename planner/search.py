@@ -46,6 +46,7 @@ import time
 import warnings
 from dataclasses import asdict, replace
 
+from autosp.contract.knobs import BY_NAME, DIALS, FAMILY, MEMORY_STEPS, family_of, fast_dials, knobs_of, lean_knobs
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 from autosp.planner.space import chunk_overlap
 
@@ -111,10 +112,11 @@ def warm_starts(space) -> list[dict]:
     if not all(choices.values()):
         return []  # pins that exclude each other: no start
     sp = max(choices["sp"])
-    lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
-                checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
-                offload_chunks=False, offload_param=True)
+    # every knob at its lean value (autosp.contract.knobs), layers unchunked (the chunked starts follow), the
+    # node-local ring split of the largest sp, no expert parallelism, no overlap
+    lean = dict(lean_knobs(choices), sp=sp, ring=node_local_ring(space, sp), overlap="none", sequence_chunks=1,
+                offload_chunks=False)
+    lean.pop("ep", None)
     # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
     # layer in its backward offloaded; and chunked layers kept whole in host memory
     chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
@@ -139,7 +141,7 @@ def warm_starts(space) -> list[dict]:
 
 
 def _knobs_of(space, cand) -> dict:
-    return {k: getattr(cand, k) for k in space.KNOBS}
+    return knobs_of(cand, space.KNOBS)
 
 
 class _Study:
@@ -242,19 +244,13 @@ def _single_moves(space, cand, stronger: bool) -> list:
         for value in (values[i + 1:] if up else values[:i]):
             moves.append(dict(knobs, **{name: value}))
 
-    for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
-        step(name, up=stronger)
-    step("micro_batch", up=not stronger)
+    for name in MEMORY_STEPS:  # the table's memory-saving direction of each counted or enumerated knob
+        step(name, up=stronger == (BY_NAME[name].memory_step > 0))
+    for name in DIALS:  # the offloads: switched on (off) where the canonical form lets them
+        if BY_NAME[name].kind is bool and BY_NAME[name].memory_step and getattr(cand, name) != stronger:
+            moves.append(dict(knobs, **{name: stronger}))
     for move in moves:  # sequence chunks take kv_async where head_pipeline was
         move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
-    if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
-        moves.append(dict(knobs, offload_chunks=stronger))
-    if cand.checkpointing != "none" and cand.offload_activations != stronger:
-        moves.append(dict(knobs, offload_activations=stronger))
-    if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
-        moves.append(dict(knobs, offload_optimizer=stronger))
-    if cand.zero_stage == 3 and cand.offload_optimizer and cand.offload_param != stronger:
-        moves.append(dict(knobs, offload_param=stronger))
     out = []
     for knob_set in moves:
         other = space.make(**knob_set)
@@ -295,10 +291,9 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
-DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
-              "offload_chunks", "offload_param", "ep")
+DIAL_KNOBS = DIALS
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
-overlap); :func:`complete` sets them for a structure."""
+overlap): the knob table's dials (autosp.contract.knobs); :func:`complete` sets them for a structure."""
 
 
 WALK_SPEED_FLOOR = 1e-3
@@ -328,10 +323,7 @@ def _walk(space, cand, estimate):
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
     choices = space.choices()
     # the fastest dial the space offers (a pinned dial has one value)
-    knobs = dict(_knobs_of(space, cand), mlp_chunks=choices["mlp_chunks"][0], loss_chunks=choices["loss_chunks"][0],
-                 sequence_chunks=choices["sequence_chunks"][0],
-                 **{k: False if False in choices[k] else choices[k][0]
-                    for k in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param")})
+    knobs = {**_knobs_of(space, cand), **fast_dials(choices), "ep": cand.ep}  # complete() walks each ep apart
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -349,7 +341,7 @@ def _walk(space, cand, estimate):
             break
         base = _knobs_of(space, current)
         options = []
-        for name in ("mlp_chunks", "loss_chunks", "sequence_chunks"):
+        for name in (n for n in MEMORY_STEPS if n in DIALS):  # the next tiling or chunking level
             values = choices[name]
             i = values.index(base[name])
             if i + 1 < len(values):
@@ -399,9 +391,7 @@ def structure_sweep(space, estimate) -> None:
             continue  # no micro-batch or overlap schedule of the space (a pinned one) goes with this layout
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
-                                       checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                                       overlap=per["overlap"][-1], offload_optimizer=False, sequence_chunks=1,
-                                       offload_chunks=False), estimate)
+                                       checkpointing=ckpt, overlap=per["overlap"][-1], **fast_dials()), estimate)
 
 
 def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS, best_of=None):
@@ -413,12 +403,11 @@ def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS
     planner/bulk_search.py), which is then the only one scored through ``estimate``."""
     spent, seen, best = 0, set(), None
     for cand, _ in ranked:
-        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+        family = family_of(cand)
         if family in seen:
             continue
         seen.add(family)
-        members = replace(space, sp=(cand.sp,), ring=(cand.ring,), zero_stage=(cand.zero_stage,),
-                          checkpointing=(cand.checkpointing,))
+        members = replace(space, **{name: (value,) for name, value in zip(FAMILY, family)})
         size = members.size()
         if spent + size > budget:
             continue
@@ -437,7 +426,7 @@ def _distinct_starts(ranked, k: int) -> list:
     starts, families, policies = [], set(), set()
     fitting = [cand for cand, est in ranked if est.fits]
     for cand in fitting:
-        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+        family = family_of(cand)
         if family not in families:
             families.add(family)
             policies.add(cand.checkpointing)

@@ -220,8 +220,8 @@ def test_chunked_layers_equal_the_unchunked_model(chunks, offload):
     x = torch.randn(2, 10, 12, dtype=torch.float32)
     cos = torch.randn(2, 10, 3, dtype=torch.float32)
     gm, inputs = capture_graph(model, x, cos)
-    ctx = SPContext(sp_size=1, sp_rank=0, sp_group="", world_group="", grad_world_size=1, local_len=10,
-                    global_len=10, sequence_chunks=chunks, offload_chunks=offload)
+    ctx = SPContext(candidate=Candidate(sp=1, sequence_chunks=chunks, offload_chunks=offload), sp_rank=0, sp_group="",
+                    world_group="", grad_world_size=1, local_len=10, global_len=10)
     chunking_pass(gm, inputs, ctx)
     gm.recompile()
     assert ctx.stats.layers_chunked == 2

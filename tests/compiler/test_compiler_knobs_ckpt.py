@@ -222,8 +222,8 @@ def partitions():
 
     def partition(joint, joint_inputs, **kwargs):
         for policy, offload in POLICY_RUNS:
-            ctx = SimpleNamespace(checkpointing=policy, offload_activations=offload, fragments=False,
-                                  stats=PassStats())
+            ctx = SimpleNamespace(candidate=SimpleNamespace(checkpointing=policy, offload_activations=offload),
+                                  fragments=False, stats=PassStats())
             graph = copy.deepcopy(joint) if (policy, offload) != POLICY_RUNS[-1] else joint
             fw_bw = SPPartitioner(ctx)(graph, joint_inputs, **kwargs)
             reports[policy, offload] = ctx.stats.partitions[0]

@@ -179,8 +179,8 @@ from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, group="sp", **knobs):
-    return SPContext(sp_size=sp, sp_rank=0, sp_group=group, world_group=group, grad_world_size=sp,
-                     local_len=local_len, global_len=local_len * sp, **knobs)
+    return SPContext(candidate=Candidate(sp=sp, **knobs), sp_rank=0, sp_group=group, world_group=group,
+                     grad_world_size=sp, local_len=local_len, global_len=local_len * sp)
 
 
 def calls(gm, target):

@@ -121,8 +121,8 @@ from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, rank=1):
-    return SPContext(sp_size=sp, sp_rank=rank, sp_group="sp", world_group="world", grad_world_size=sp,
-                     local_len=local_len, global_len=local_len * sp)
+    return SPContext(candidate=Candidate(sp=sp), sp_rank=rank, sp_group="sp", world_group="world",
+                     grad_world_size=sp, local_len=local_len, global_len=local_len * sp)
 
 
 def calls(gm, target):
