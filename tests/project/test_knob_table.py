@@ -26,7 +26,7 @@ ALLOWED = {
     ("autosp/contract/knobs.py", "<module>"): "the table itself",
     ("autosp/contract/specs.py", "Candidate"): "the Candidate the table describes (tied to it by this test)",
     ("cost_models/specs.py", "Candidate"): "the Candidate the table describes (tied to it by this test)",
-    ("planner/space.py", "SearchSpace"): "the space's choices per searched knob: one typed field each (the test "
+    ("planner/search/space.py", "SearchSpace"): "the space's choices per searched knob: one typed field each (the test "
                                          "below checks they are exactly the table's searched knobs)",
     ("cost_models/bulk.py", "<module>"): "ROW_KNOBS: the axes the bulk cost model vectorises; a new knob needs "
                                          "vector cost terms there or a space bulk_search.supported() refuses",
@@ -34,7 +34,7 @@ ALLOWED = {
                                        "the reports and logs print it",
     ("autosp/contract/specs.py", "short"): "Candidate.short(): the compact one-line form, a tag per knob in the "
                                            "order the reports and logs print it",
-    ("planner/space.py", "build_space"): "the space's choices, each knob's computed by its own rule",
+    ("planner/search/space.py", "build_space"): "the space's choices, each knob's computed by its own rule",
     ("planner/diagnose.py", "_leanest"): "the diagnosis's variations (checkpointing, the offloads that share host "
                                          "memory, ZeRO stage with loss tiling, ep) around the table's lean values",
     ("compiler/api.py", "resolve_candidate"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
@@ -45,7 +45,7 @@ ALLOWED = {
                                            "Candidate)",
     ("compiler/runtime.py", "shard"): "hands the candidate's layout numbers to shard_batch",
     ("studies/published_gpu.py", "pinned_space"): "a published recipe's fixed knobs, transcribed from its source",
-    ("planner/price_cli.py", "configuration"): "the pins that change the batch split (sp, dp, micro-batch): a "
+    ("planner/cli/price.py", "configuration"): "the pins that change the batch split (sp, dp, micro-batch): a "
                                                "rule of grad_accum",
     ("studies/measure/harness.py", "RunConfig"): "a measured run's row, flat for the studies' JSON (its candidate() "
                                                  "reads Candidate's fields); a knob it lacks keeps its default",
@@ -142,7 +142,7 @@ def test_orders_are_complete_and_distinct():
 
 
 def test_search_space_fields_are_the_searched_knobs():
-    from autosp.planner.space import SearchSpace
+    from autosp.planner.search.space import SearchSpace
 
     declared = {f.name for f in dataclasses.fields(SearchSpace)} & KNOB_NAMES
     assert declared == set(SEARCHED) and SearchSpace.KNOBS == SEARCHED

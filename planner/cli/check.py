@@ -8,8 +8,8 @@ import json
 import sys
 
 from autosp.planner.check import CHECK_EXIT_CODES, SELECT_EXIT_CODES, check, select
-from autosp.planner.check_report import render_check, render_select
-from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
+from autosp.planner.cli.check_report import render_check, render_select
+from autosp.planner.cli.args import ArgParser, check_output_path, request_fields
 
 
 def _target_flags(p) -> None:

@@ -1,4 +1,4 @@
-"""Optuna search over the same space as :mod:`autosp.planner.exhaustive`, with a fraction of the calls.
+"""Optuna search over the same space as :mod:`autosp.planner.search.exhaustive`, with a fraction of the calls.
 
 One Optuna study per request, in memory, seeded (same request + same seed = same plan):
 
@@ -46,9 +46,9 @@ import time
 import warnings
 from dataclasses import asdict, replace
 
-from autosp.contract.knobs import BY_NAME, DIALS, FAMILY, MEMORY_STEPS, family_of, fast_dials, knobs_of, lean_knobs
-from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
-from autosp.planner.space import chunk_overlap
+from autosp.contract.knobs import FAMILY, family_of, fast_dials, lean_knobs
+from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
+from autosp.planner.search.moves import DIAL_KNOBS, complete, hill_climb, knobs_of
 
 DEFAULT_TRIALS = 60
 MAX_TRIALS = 10_000
@@ -66,7 +66,7 @@ time + ~2,750 calls, studies/results/search_quality_seed0_n150_before_family_swe
 
 FAMILY_SWEEP_BULK_CANDIDATES = 400_000
 """The family completion's budget, in candidates, where the bulk cost model scores the families
-(planner/bulk_search.py: about 1 us a candidate, so about what FAMILY_SWEEP_EVALUATIONS scalar calls cost)."""
+(planner/search/bulk_search.py: about 1 us a candidate, so about what FAMILY_SWEEP_EVALUATIONS scalar calls cost)."""
 
 
 def _import_optuna():
@@ -134,19 +134,15 @@ def warm_starts(space) -> list[dict]:
         cand = space.make_nearest(**knobs)
         if not space.admits(cand):
             continue  # a start that breaks a pin or a rule: the sampler could not be told about it
-        knobs = _knobs_of(space, cand)
+        knobs = knobs_of(space, cand)
         if knobs not in starts:
             starts.append(knobs)
     return starts
 
 
-def _knobs_of(space, cand) -> dict:
-    return knobs_of(cand, space.KNOBS)
-
-
 class _Study:
     """An Optuna study over ``space``'s knobs with a given per-candidate objective; in memory, or shared
-    with other workers through a storage (``shared``: :class:`autosp.planner.study.Shared`)."""
+    with other workers through a storage (``shared``: :class:`autosp.planner.search.optuna_study.Shared`)."""
 
     def __init__(self, space, seed: int, trials: int, value_fn, label: str, shared=None):
         self.optuna = _import_optuna()
@@ -162,7 +158,7 @@ class _Study:
                                                   sampler=_sampler(self.optuna, seed, n_startup))
             self.enqueued = []
         else:
-            from autosp.planner.study import open_study
+            from autosp.planner.search.optuna_study import open_study
 
             sampler = _sampler(self.optuna, shared.sampler_seed(seed), n_startup)
             self.study = open_study(self.optuna, shared, sampler)
@@ -203,7 +199,7 @@ class _Study:
             except ValueError as err:
                 # Two workers of a shared study could pop the same enqueued warm start where the database
                 # ignores SELECT ... FOR UPDATE (optuna/optuna#4621; SQLite study files take the write lock at
-                # BEGIN instead, planner/study.py): the slower one cannot tell a trial the other completed.
+                # BEGIN instead, planner/search/optuna_study.py): the slower one cannot tell a trial the other completed.
                 # That trial is scored; go on with the rest.
                 if self.shared is None or "Cannot tell a COMPLETE trial" not in str(err):
                     raise
@@ -227,160 +223,6 @@ class _Study:
         return count
 
 
-def _single_moves(space, cand, stronger: bool) -> list:
-    """One-knob moves that save memory (``stronger``: more tiling, stronger checkpointing, activation or
-    optimizer offload, a higher ZeRO stage, a smaller micro-batch) or spend it for speed (the reverse)."""
-    choices = space.choices()
-    knobs = _knobs_of(space, cand)
-    moves = []
-
-    def step(name, up):
-        """Every value of ``name`` on that side of the current one (the cost of tiling or recompute
-        is rarely linear: the first step often costs the most)."""
-        values = choices[name]
-        if knobs[name] not in values:
-            return
-        i = values.index(knobs[name])
-        for value in (values[i + 1:] if up else values[:i]):
-            moves.append(dict(knobs, **{name: value}))
-
-    for name in MEMORY_STEPS:  # the table's memory-saving direction of each counted or enumerated knob
-        step(name, up=stronger == (BY_NAME[name].memory_step > 0))
-    for name in DIALS:  # the offloads: switched on (off) where the canonical form lets them
-        if BY_NAME[name].kind is bool and BY_NAME[name].memory_step and getattr(cand, name) != stronger:
-            moves.append(dict(knobs, **{name: stronger}))
-    for move in moves:  # sequence chunks take kv_async where head_pipeline was
-        move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
-    out = []
-    for knob_set in moves:
-        other = space.make(**knob_set)
-        if other != cand and not space.reason(other):
-            out.append(other)
-    return out
-
-
-def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 25, keep=None):
-    """Best-improvement local search from ``start``.
-
-    The neighbourhood is one move (:meth:`SearchSpace.neighbours`) followed, where it helps, by one
-    compensating move: a neighbour that does not fit but is ``faster`` is *repaired* with each single
-    memory-saving move, and a neighbour that fits *spends* its headroom with each single speed-gaining
-    move. So the climb crosses the memory wall (e.g. a larger sp that frees memory for fewer loss
-    chunks) that pure one-knob moves cannot. ``keep(candidate)`` confines the climb to a region.
-    """
-    current = start
-    for _ in range(max_steps):
-        best = current
-        for other in neighbours(current):
-            if keep is not None and not keep(other):
-                continue
-            if better(other, best):
-                best = other
-            if fits(other):
-                follow = _single_moves(space, other, stronger=False)
-            elif faster(other, current):
-                follow = _single_moves(space, other, stronger=True)
-            else:
-                follow = ()
-            for second in follow:
-                if (keep is None or keep(second)) and better(second, best):
-                    best = second
-        if best == current:
-            return current
-        current = best
-    return current
-
-
-DIAL_KNOBS = DIALS
-"""The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
-overlap): the knob table's dials (autosp.contract.knobs); :func:`complete` sets them for a structure."""
-
-
-WALK_SPEED_FLOOR = 1e-3
-"""In :func:`complete`'s walk, a step that loses less than this fraction of the tokens/s is priced as losing
-exactly this much (differences that small are below the cost model's resolution)."""
-
-
-def complete(space, cand, estimate):
-    """The structure of ``cand`` with its dial knobs chosen greedily, for every expert-parallel degree of the
-    space (one walk each: ep trades expert-state memory and ZeRO traffic for all-to-alls, in either direction, so
-    it is not a step of the walk; a dense model has one degree). Returns the fastest fitting point, or None."""
-    eps = space.choices()["ep"]
-    if len(eps) == 1:
-        return _walk(space, replace(cand, ep=eps[0]) if cand.ep != eps[0] else cand, estimate)
-    best = None
-    for ep in eps:
-        done = _walk(space, replace(cand, ep=ep), estimate)
-        if done is not None and (best is None or estimate(done).tokens_per_second > estimate(best).tokens_per_second):
-            best = done
-    return best
-
-
-def _walk(space, cand, estimate):
-    """Start from the fastest dial (no tiling, no offload) and walk towards less memory: at each point try
-    every single memory-saving step (next tiling level, an offload, the next ZeRO stage); remember the
-    fastest step that fits, and continue the walk through the step that saves the most memory per unit
-    of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
-    choices = space.choices()
-    # the fastest dial the space offers (a pinned dial has one value)
-    knobs = {**_knobs_of(space, cand), **fast_dials(choices), "ep": cand.ep}  # complete() walks each ep apart
-    current = space.make(**knobs)
-    if space.reason(current):
-        return None
-    best = None
-
-    def consider(c, e):
-        nonlocal best
-        if e.fits and (best is None or e.tokens_per_second > best[1].tokens_per_second):
-            best = (c, e)
-
-    for _ in range(16):
-        est = estimate(current)
-        consider(current, est)
-        if est.fits:
-            break
-        base = _knobs_of(space, current)
-        options = []
-        for name in (n for n in MEMORY_STEPS if n in DIALS):  # the next tiling or chunking level
-            values = choices[name]
-            i = values.index(base[name])
-            if i + 1 < len(values):
-                options.append(dict(base, **{name: values[i + 1]}))
-        for option in options:  # sequence chunks take kv_async where head_pipeline was
-            option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
-        if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
-            options.append(dict(base, offload_activations=True))
-        if current.sequence_chunks > 1 and not current.offload_chunks:
-            options.append(dict(base, offload_chunks=True))
-        if current.zero_stage >= 1 and not current.offload_optimizer:
-            options.append(dict(base, offload_optimizer=True))
-        if current.zero_stage == 3 and current.offload_optimizer and not current.offload_param:
-            options.append(dict(base, offload_param=True))
-        higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
-        if higher:
-            options.append(dict(base, zero_stage=higher[0]))
-        options = [o for o in (space.make(**k) for k in options) if o != current and not space.reason(o)]
-        scored = [(o, estimate(o)) for o in options]
-        for o, e in scored:
-            consider(o, e)
-        walk = [(o, e) for o, e in scored if not e.fits]
-        if not walk:
-            break
-
-        def value(item):
-            o, e = item
-            saved = est.memory.total - e.memory.total
-            # speed changes under WALK_SPEED_FLOOR count as free: among them the larger memory saving wins (a
-            # step that costs nothing but saves little, e.g. ZeRO-3 on a tied model, must not shut out one
-            # that saves most of the memory for 0.02% of the speed, e.g. tiling the loss)
-            lost = max(est.tokens_per_second - e.tokens_per_second, WALK_SPEED_FLOOR * est.tokens_per_second,
-                       1e-300)  # 0 tokens/s: a link of 0 B/s
-            return saved / lost
-
-        current = max(walk, key=value)[0]
-    return best[0] if best else None
-
-
 def structure_sweep(space, estimate) -> None:
     """Score, through ``estimate``, the dial-completed candidate (:func:`complete`) of every (sp, ring, ZeRO
     stage, checkpointing) family at the smallest micro-batch and the most overlapping schedule valid for
@@ -400,7 +242,7 @@ def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS
     members all miss the memory by a little: their best member may fit), skipping a family that would take the
     calls spent past ``budget``. Returns the best fitting candidate scored, or None. ``best_of(members)``, when
     given, returns the best fitting candidate of a family's sub-space at once (the bulk cost model:
-    planner/bulk_search.py), which is then the only one scored through ``estimate``."""
+    planner/search/bulk_search.py), which is then the only one scored through ``estimate``."""
     spent, seen, best = 0, set(), None
     for cand, _ in ranked:
         family = family_of(cand)
@@ -443,7 +285,7 @@ def _distinct_starts(ranked, k: int) -> list:
 def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, seed: int = 0,
                       seq_len: int | None = None, label: str = "optuna", shared=None,
                       deadline: float | None = None) -> SearchResult:
-    """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.study.Shared`) the study
+    """TPE trials, then local refinement. With ``shared`` (:class:`autosp.planner.search.optuna_study.Shared`) the study
     lives in a storage other workers share: the refinement starts from every worker's trials, records
     what it finds as trials, and the result ranks the study's trials (its best is the study's best
     feasible trial). ``trials`` = 0 is allowed only then: no sampler trials, just refine and read.
@@ -467,7 +309,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         study.run(study.enqueue(warm_starts(target)[:trials]), bar)  # a worker's --trials N bounds its starts too
         study.run(max(0, trials - study.n_trials), bar, deadline)
     if shared is not None:
-        from autosp.planner.study import finished_candidates
+        from autosp.planner.search.optuna_study import finished_candidates
 
         finished = finished_candidates(study.optuna, study.study)  # every worker's trials
         if shared.collect_only and not finished:
@@ -522,7 +364,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 
         ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
     after_refine = evaluator.calls
-    from autosp.planner import bulk_search
+    from autosp.planner.search import bulk_search
 
     if bulk_search.supported(target):  # whole families in bulk: many more of them for the same time
         completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq),
@@ -548,7 +390,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
 def _record_and_rank(study, target, evaluator, seq, ranked, ends):
     """Shared study: add the refinement's results (the best candidate scored here, and each climb's
     end) as trials, then rank the study's finished trials, best first; and describe the study."""
-    from autosp.planner.study import add_trial, display, finished_candidates, summary_of
+    from autosp.planner.search.optuna_study import add_trial, display, finished_candidates, summary_of
 
     optuna = study.optuna
     present = set(finished_candidates(optuna, study.study))
@@ -571,7 +413,7 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
                    deadline: float | None = None, lean_sweep=None) -> SearchResult:
     """The longest context (TPE over the structural knobs at micro-batch 1, then a hill climb), then the
     fastest plan at it. ``lean_sweep(space, evaluator)``, when given, also prices the leanest point of every
-    structure family into ``evaluator.max_ctx_memo`` before the climb (:func:`autosp.planner.fast.
+    structure family into ``evaluator.max_ctx_memo`` before the climb (:func:`autosp.planner.search.fast.
     fast_longest_context`): where only a narrow corner of the space fits at all, TPE's trials may miss every
     fitting point (Llama-3.1-70B on two H100s: 60 trials found none, the leanest point fits 60k tokens)."""
     structural = space.with_workload(evaluator.workload(MAX_CTX)).lean_micro_batch()
@@ -618,6 +460,6 @@ def optuna_max_ctx(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS, se
     return result
 
 
-__all__ = ["DEFAULT_TRIALS", "DIAL_KNOBS", "FAMILY_SWEEP_BULK_CANDIDATES", "FAMILY_SWEEP_EVALUATIONS", "MAX_TRIALS", "REFINE_STARTS",
-           "WALK_SPEED_FLOOR", "complete", "family_sweep", "hill_climb", "node_local_ring", "optuna_max_ctx",
+__all__ = ["DEFAULT_TRIALS", "FAMILY_SWEEP_BULK_CANDIDATES", "FAMILY_SWEEP_EVALUATIONS", "MAX_TRIALS", "REFINE_STARTS",
+           "family_sweep", "node_local_ring", "optuna_max_ctx",
            "optuna_throughput", "structure_sweep", "warm_starts"]

@@ -1,17 +1,17 @@
 """From recorded training steps to a :class:`~autosp.cost_models.profile.ModelProfile`.
 
-:func:`measure` reads one :class:`~autosp.cost_models.graph_profile.trace.StepTrace` and returns the
+:func:`measure` reads one :class:`~autosp.profiling.graph.trace.StepTrace` and returns the
 quantities of the last decoder layer (and of what lies outside the layers) at that sequence length,
 as a flat ``{name: value}`` of per-sequence totals; :mod:`.layer` classifies the layer's saved tensors
 and applies the checkpointing policies, :mod:`.liveness` follows memory over time, and
-:func:`autosp.cost_models.graph_profile.assemble.build_profile` fits each quantity over the traced
+:func:`autosp.profiling.graph.assemble.build_profile` fits each quantity over the traced
 sequence lengths and assembles the profile. Plain Python: it needs the records, not torch.
 """
 
 from __future__ import annotations
 
-from autosp.cost_models.graph_profile import liveness as live
-from autosp.cost_models.graph_profile.layer import CLASSES, FLASH_DQ_ACCUMULATOR, LayerAnalysis
+from autosp.profiling.graph import liveness as live
+from autosp.profiling.graph.layer import CLASSES, FLASH_DQ_ACCUMULATOR, LayerAnalysis
 from autosp.cost_models.profile import Elems
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 

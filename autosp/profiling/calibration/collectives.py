@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from autosp.cost_models.calibration.fit import COLLECTIVES, bus_factor, median
-from autosp.cost_models.calibration.timing import inner_count, time_samples
+from autosp.profiling.calibration.fit import COLLECTIVES, bus_factor, median
+from autosp.profiling.calibration.timing import inner_count, time_samples
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

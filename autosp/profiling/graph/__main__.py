@@ -1,4 +1,4 @@
-"""``python -m autosp.cost_models.graph_profile MODEL [--json]``: a model's graph profile and how it
+"""``python -m autosp.profiling.graph MODEL [--json]``: a model's graph profile and how it
 compares with the analytic (Llama-block) formulas.
 
 MODEL is a Hugging Face config.json (or its directory) or ``package.module:function`` returning an
@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from autosp.cost_models.graph_profile import describe_model_arg, load_or_build
-from autosp.cost_models.graph_profile.compare import comparison, format_table
+from autosp.profiling.graph import describe_model_arg, load_or_build
+from autosp.profiling.graph.compare import comparison, format_table
 from autosp.cost_models.profile import analytic_profile
 from autosp.cost_models.specs import Candidate, Workload
 
@@ -63,7 +63,7 @@ def end_to_end(profile, spec, seq_len: int = 32768) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autosp.cost_models.graph_profile", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m autosp.profiling.graph", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", help="config.json (or its directory) or package.module:function")
     parser.add_argument("--preset", help="profile a planner preset (e.g. llama-3.1-8b) through a generated config.json")
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     if (args.model is None) == (args.preset is None):
         parser.error("give a model (config.json or package.module:function) or --preset NAME")
     if args.preset:
-        from autosp.cost_models.graph_profile import preset_config
+        from autosp.profiling.graph import preset_config
 
         try:
             args.model = preset_config(args.preset)

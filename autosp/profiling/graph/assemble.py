@@ -1,10 +1,10 @@
-"""Fitting the per-length measurements of :func:`autosp.cost_models.graph_profile.analyze.measure` in the
+"""Fitting the per-length measurements of :func:`autosp.profiling.graph.analyze.measure` in the
 sequence length and assembling the :class:`~autosp.cost_models.profile.ModelProfile`."""
 
 from __future__ import annotations
 
-from autosp.cost_models.graph_profile.fit import clean, clean_ratio, fit_flops, fit_linear
-from autosp.cost_models.graph_profile.layer import CLASSES
+from autosp.profiling.graph.fit import clean, clean_ratio, fit_flops, fit_linear
+from autosp.profiling.graph.layer import CLASSES
 from autosp.cost_models.profile import Elems, ModelProfile
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 

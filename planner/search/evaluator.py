@@ -1,6 +1,6 @@
 """Scoring candidates with the cost model: memoised, counted, and shared by every search strategy.
 
-The searches (:mod:`autosp.planner.exhaustive`, :mod:`autosp.planner.search`) only ever talk to an
+The searches (:mod:`autosp.planner.search.exhaustive`, :mod:`autosp.planner.search.optuna_search`) only ever talk to an
 :class:`Evaluator`, so they rank candidates the same way and count cost-model calls the same way.
 
 Ranking (throughput objective): a candidate that fits beats one that does not; among those that fit,
@@ -44,7 +44,7 @@ class Evaluator:
     """Calls ``estimate_fn(model, hw, workload, candidate)`` at most once per (candidate, seq_len); by default
     the cost model with the space's graph-derived profile when it has one."""
 
-    space: object  # autosp.planner.space.SearchSpace
+    space: object  # autosp.planner.search.space.SearchSpace
     estimate_fn: object = None
     fits_fn: object = None
     estimate_calls: int = 0
@@ -163,7 +163,7 @@ def ranked_at(evaluator: Evaluator, seq_len: int | None = None) -> list:
     items = evaluator.evaluated(seq_len).items()
     fixed = getattr(evaluator.space, "fixed", ())
     if fixed:
-        from autosp.planner.space import pin_reason
+        from autosp.planner.search.space import pin_reason
 
         items = [(c, e) for c, e in items if pin_reason(c, fixed) is None]
     return sorted(items, key=lambda item: rank_key(*item))

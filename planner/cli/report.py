@@ -257,7 +257,7 @@ def _measured_lines(measured: dict, chosen) -> list[str]:
 
     lines = [f"Measured (autosp-train, {measured.get('warmup_steps')} warm-up + {measured.get('steps')} steps, "
              f"backend {measured.get('backend')}; chosen by {measured.get('chosen_by')})"]
-    from autosp.planner.sweep_output import aligned
+    from autosp.planner.cli.sweep_output import aligned
 
     cells, notes = [["#", "candidate", "pred s/step", "meas s/step", "pred tok/s", "meas tok/s", "pred mem",
                      "meas mem"]], {}

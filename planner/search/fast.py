@@ -1,21 +1,20 @@
 """The quick search (``--search fast``, the default of ``autosp-plan sweep``): no sampler, a few hundred
 cost-model calls per request, for commands that plan hundreds of requests at once.
 
-It is the default search's structure sweep and local refinement (:mod:`autosp.planner.search`) without the
+It is the default search's structure sweep and local refinement (:mod:`autosp.planner.search.optuna_search`) without the
 TPE trials, made cheap by two properties of the cost model (the first asserted over a whole space in
 tests/planner/test_sweep.py; the search's quality against the default and the exhaustive searches is measured
 by ``studies/sweep_quality.py``):
 
 - within one structure (sp, ring, ZeRO stage, checkpointing), the dial knobs (MLP and logits+loss tiling,
-  activation and optimizer offload, :data:`~autosp.planner.search.DIAL_KNOBS`) only ever cost time: the
+  activation and optimizer offload, :data:`~autosp.planner.search.moves.DIAL_KNOBS`) only ever cost time: the
   undialed point of a family (fewest chunks, no offload) bounds the tokens/s of every point of it;
 - more tiling and a higher ZeRO stage only save device memory, and so do the offloads, but the two offloads
   share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
-  stage (and the highest below 3, where a tied model may tile its loss), with each offload pair
-  .
+  stage (and the highest below 3, where a tied model may tile its loss), with each offload on or off.
 
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
-families are completed (:func:`~autosp.planner.search.complete`: the greedy dial walk) best bound first,
+families are completed (:func:`~autosp.planner.search.moves.complete`: the greedy dial walk) best bound first,
 a family none of whose leanest points fits is skipped (memory-only calls), and the sweep stops when the best
 fitting plan found is at least the next family's bound (branch and bound: by the first property no family
 that could win is left out; within a family the dial walk is greedy, as in the default search). A light climb then moves the micro-batch, the overlap schedule and
@@ -32,9 +31,9 @@ from __future__ import annotations
 import itertools
 
 from autosp.contract.knobs import BY_NAME, LEAN_NEST, STRUCTURAL, STRUCTURE, fast_dials, lean_alternatives
-from autosp.planner.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
-from autosp.planner.search import DIAL_KNOBS, complete
-from autosp.planner.space import chunk_overlap
+from autosp.planner.search.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
+from autosp.planner.search.moves import DIAL_KNOBS, complete
+from autosp.planner.search.space import chunk_overlap
 
 CLIMB_STEPS = 8
 """Moves of the light climb after the branch and bound (it rarely takes more than two)."""
@@ -56,7 +55,7 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     (the most chunks, their saved tensors offloaded or kept, or no chunks: chunked layers need checkpointing
     none or full, and offloaded chunks share the host's memory with the other offloads); ``tiles``: use the
     first ``tiles`` tiling levels only (default all). A tied model keeps its loss untiled at ZeRO 3."""
-    from autosp.planner.space import zero3_loss_ok
+    from autosp.planner.search.space import zero3_loss_ok
 
     mlp, loss = per["mlp_chunks"], per["loss_chunks"]
     if tiles is not None:
@@ -137,7 +136,7 @@ def _climb(space, start, estimate, key):
 def fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None) -> SearchResult:
     """The fastest fitting plan at ``seq_len`` (default: the space's) by branch and bound over the
     structure families, then a light climb (module docstring)."""
-    from autosp.planner.evaluator import rank_key
+    from autosp.planner.search.evaluator import rank_key
 
     seq = space.workload.seq_len if seq_len is None else seq_len
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))

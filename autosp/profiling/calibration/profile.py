@@ -27,7 +27,7 @@ import socket
 from dataclasses import asdict
 from datetime import datetime, timezone
 
-from autosp.cost_models.calibration.fit import COLLECTIVES, bus_factor, fit_alpha_beta
+from autosp.profiling.calibration.fit import COLLECTIVES, bus_factor, fit_alpha_beta
 from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec
 from autosp.version import __version__
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from autosp.cost_models.calibration.fit import median
+from autosp.profiling.calibration.fit import median
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

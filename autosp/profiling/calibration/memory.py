@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from autosp.cost_models.calibration.timing import measure
+from autosp.profiling.calibration.timing import measure
 
 _GiB = 1 << 30
 

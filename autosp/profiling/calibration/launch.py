@@ -19,10 +19,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from autosp.cost_models.calibration import collectives, compute, memory
-from autosp.cost_models.calibration.progress import Progress
-from autosp.cost_models.calibration.settings import Settings
-from autosp.cost_models.calibration.timing import synchronizer
+from autosp.profiling.calibration import collectives, compute, memory
+from autosp.profiling.calibration.progress import Progress
+from autosp.profiling.calibration.settings import Settings
+from autosp.profiling.calibration.timing import synchronizer
 
 PG_TIMEOUT = timedelta(seconds=300)
 

@@ -20,7 +20,7 @@ import numpy as np
 from autosp.cost_models import bulk
 from autosp.contract.knobs import BY_NAME, SIMPLICITY, knobs_of
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
-from autosp.planner.evaluator import Evaluator, SearchResult, ranked_at
+from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 
 BULK_EXHAUSTIVE_CANDIDATES = 1_500_000
 """The largest space the default search scores whole in bulk (about 0.6 us of CPU per candidate on the 2 cores
@@ -28,7 +28,7 @@ of the development machine, studies/planner_speed.py: 1.5M candidates cost about
 
 TIE = 1e-9
 """Relative margin within which two bulk scores count as a tie: every tied candidate is re-scored by the scalar
-model, whose ranking (:func:`~autosp.planner.evaluator.rank_key`) then decides (bulk and scalar agree to 1e-12)."""
+model, whose ranking (:func:`~autosp.planner.search.evaluator.rank_key`) then decides (bulk and scalar agree to 1e-12)."""
 
 MAX_RESCORED = 4_000
 """At most this many candidates of a space go back to the scalar model (ties of a family beyond it are left out)."""
@@ -91,7 +91,7 @@ def score_space(space):
     """Every candidate of ``space`` priced in bulk: (groups, per-row arrays). ``groups`` is [(base, rows)];
     the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ZeRO,
     checkpointing)), ``tps``, ``memory``, ``fits`` and ``simplicity`` (the fields of
-    :func:`~autosp.planner.evaluator.simplicity`, one array each)."""
+    :func:`~autosp.planner.search.evaluator.simplicity`, one array each)."""
     groups, parts = [], []
     layouts = {}
     for base, rows in space_groups(space):
@@ -127,7 +127,7 @@ the next few families (planner/explain.py: top_k of them, 3 by default; ``--meas
 
 def _chosen_rows(arrays: dict, top_k: int = 3) -> np.ndarray:
     """Indices of the rows worth re-scoring: per family its best (fitting: most tokens/s; none fitting: least
-    memory), ties broken by simplicity as :func:`~autosp.planner.evaluator.rank_key` breaks them, and the
+    memory), ties broken by simplicity as :func:`~autosp.planner.search.evaluator.rank_key` breaks them, and the
     fastest rows that do not fit."""
     fits, tps, mem, family = arrays["fits"], arrays["tps"], arrays["memory"], arrays["family"]
     score = np.where(fits, tps, -mem)  # fitting rows (tokens/s >= 0) above every row that does not fit (< 0)
@@ -171,7 +171,7 @@ def bulk_throughput(space, evaluator: Evaluator, seq_len: int | None = None, top
 
 def best_of(space, evaluator: Evaluator, seq_len: int | None = None):
     """The best fitting candidate of ``space`` (all of it priced in bulk; the winner and its ties re-scored by the
-    scalar model through ``evaluator``), or None. For :func:`autosp.planner.search.family_sweep`."""
+    scalar model through ``evaluator``), or None. For :func:`autosp.planner.search.optuna_search.family_sweep`."""
     seq = space.workload.seq_len if seq_len is None else seq_len
     groups, arrays = score_space(space)
     fits = arrays["fits"]

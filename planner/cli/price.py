@@ -3,9 +3,9 @@
 The knobs come from ``--fix KNOB=VALUE`` (the others take the plan's defaults: ZeRO 0, micro-batch 1, no
 checkpointing, no tiling, no offload, no overlap; ``sp`` or ``dp`` must be pinned) or from a plan / DeepSpeed
 config file (``--fix`` then changes some of its knobs; ``--model``, ``--hw``, ``--ctx`` ... re-target it). The
-answer is the plan table ``autosp-plan`` prints (:func:`autosp.planner.report.render`), its memory breakdown
+answer is the plan table ``autosp-plan`` prints (:func:`autosp.planner.cli.report.render`), its memory breakdown
 and step time, and a verdict: it fits (exit 0), or it does not and by how much (exit 3, the table still on
-stdout). A configuration the compiler cannot run here (a rule of the search space, :mod:`autosp.planner.space`)
+stdout). A configuration the compiler cannot run here (a rule of the search space, :mod:`autosp.planner.search.space`)
 is one line, exit 2.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import asdict, fields
 
 from autosp.cost_models.specs import Candidate
 from autosp.errors import UsageError
-from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
+from autosp.planner.cli.args import ArgParser, check_output_path, request_fields
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -117,9 +117,9 @@ def configuration(resolved, start: dict, pins, retarget: bool = True) -> Candida
 
 def price_plan(resolved, cand: Candidate, pins, started: float):
     """(the Plan of ``cand`` on the request, priced; UsageError when a rule of the space forbids it)."""
-    from autosp.planner.evaluator import Evaluator
+    from autosp.planner.search.evaluator import Evaluator
     from autosp.planner.plan import Plan
-    from autosp.planner.space import SPACE_VERSION, build_space, padding
+    from autosp.planner.search.space import SPACE_VERSION, build_space, padding
     from autosp.planner.versions import code_version, cost_model_version
 
     from autosp.planner.reprice import invalid_here
@@ -184,7 +184,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         sys.stdout.write(plan.to_json())
     else:
-        from autosp.planner.report import render
+        from autosp.planner.cli.report import render
 
         text = render(plan, tuple(written), getattr(sys.stdout, "encoding", None))
         sys.stdout.write(text + f"Verdict  {verdict(plan)}\n")

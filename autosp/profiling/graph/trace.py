@@ -23,7 +23,7 @@ model computes its own loss) and backward, and returns a :class:`StepTrace`:
 - parameter and buffer storages, the storages of each decoder layer's input, the parameter counts.
 
 The analysis (what a layer keeps under each checkpointing policy, fits in the sequence length) lives
-in :mod:`autosp.cost_models.graph_profile.analyze`; this module only records.
+in :mod:`autosp.profiling.graph.analyze`; this module only records.
 """
 
 from __future__ import annotations

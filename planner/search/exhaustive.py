@@ -11,7 +11,7 @@ against, and the right tool when the space is small or the answer must be provab
 from __future__ import annotations
 
 from autosp.contract.knobs import lean_first_key
-from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, ranked_at
+from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, ranked_at
 
 
 def exhaustive_throughput(space, evaluator: Evaluator, seq_len: int | None = None, label: str = "exhaustive") -> SearchResult:

@@ -8,7 +8,7 @@ import sys
 import time
 
 from autosp.errors import UsageError
-from autosp.planner.cli_args import ArgParser, check_output_path
+from autosp.planner.cli.args import ArgParser, check_output_path
 
 EPILOG = """\
 lists: each of --model, --hw and --ctx takes several values, comma-separated or space-separated (so the
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         if not args.plot.lower().endswith(".png"):
             raise UsageError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
         check_output_path(args.plot, "--plot")
-        from autosp.planner.sweep_output import require_matplotlib
+        from autosp.planner.cli.sweep_output import require_matplotlib
 
         require_matplotlib()
     base = PlanRequest(model=models[0], hw=hardware[0], ctx=contexts[0], nodes=args.nodes, objective=args.objective,
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     rows = run(reqs, cache=None if args.no_cache else (args.cache or True), jobs=args.jobs)
     wall = time.perf_counter() - started
 
-    from autosp.planner import sweep_output
+    from autosp.planner.cli import sweep_output
 
     if args.plot is not None:
         from autosp.files import write_bytes

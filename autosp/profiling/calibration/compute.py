@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from autosp.cost_models.calibration.timing import TORCH_DTYPES, measure
+from autosp.profiling.calibration.timing import TORCH_DTYPES, measure
 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """Flash-attention backward work / forward work, as cost_models/flops.py (FA_BACKWARD_FACTOR) counts it."""

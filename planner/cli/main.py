@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 from autosp.errors import EXIT_CODES, UsageError
-from autosp.planner.cli_args import ArgParser, check_output_path, request_fields
+from autosp.planner.cli.args import ArgParser, check_output_path, request_fields
 
 DESCRIPTION = """\
 Pick the best way to train a model at a context length on a cluster: sequence-parallel degree and its
@@ -216,14 +216,14 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
         if argv[0] == "sweep":
-            from autosp.planner import sweep_cli
+            from autosp.planner.cli import sweep as sweep_cli
 
             return sweep_cli.main(argv[1:])
         if argv[0] == "explain":
-            from autosp.planner import price_cli
+            from autosp.planner.cli import price as price_cli
 
             return price_cli.main(argv[1:])
-        from autosp.planner import check_cli
+        from autosp.planner.cli import check as check_cli
 
         return check_cli.main(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         if path is not None:  # "" too: a path was asked for
             check_output_path(path, flag)
 
-    from autosp.planner.api import plan_for
+    from autosp.planner.api import RunOptions, plan_for
     from autosp.planner.request import PlanRequest
 
     measure = None
@@ -257,8 +257,8 @@ def main(argv=None) -> int:
                                  backend=args.measure_backend, launcher=args.measure_launcher,
                                  timeout_s=args.measure_timeout, keep_dir=args.measure_dir)
     request = PlanRequest(**request_fields(args))
-    plan = plan_for(request, cache=None if args.no_cache else (args.cache or True), storage=args.storage,
-                    study_name=args.study_name, worker=args.worker_id, measure=measure)
+    plan = plan_for(request, RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
+                                        study_name=args.study_name, worker=args.worker_id, measure=measure))
 
     from autosp.planner.plan import write_outputs
 
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     if args.json:
         sys.stdout.write(plan.to_json())
     else:
-        from autosp.planner.report import render
+        from autosp.planner.cli.report import render
 
         sys.stdout.write(render(plan, tuple(written), getattr(sys.stdout, "encoding", None)))
     return 0

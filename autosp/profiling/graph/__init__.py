@@ -12,7 +12,7 @@ point and its source file), the torch and transformers versions (read from packa
 import), the traced sequence lengths, the profile schema and the source of this package. Editing a
 module the factory imports is not seen: pass ``rebuild=True`` (CLI: ``--rebuild``).
 
-``python -m autosp.cost_models.graph_profile MODEL [--json]`` prints the profile and its comparison
+``python -m autosp.profiling.graph MODEL [--json]`` prints the profile and its comparison
 with the analytic formulas; docs/graph_profile.md explains every difference.
 """
 
@@ -25,7 +25,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from autosp.cost_models.graph_profile.model_arg import describe_model_arg
+from autosp.profiling.graph.model_arg import describe_model_arg
 from autosp.cost_models.profile import PROFILE_SCHEMA, ModelProfile
 from autosp.files import make_cache_dirs
 
@@ -62,7 +62,7 @@ def _dist_version(name: str) -> str:
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted(_HERE.glob("*.py")) + [_HERE.parent / "profile.py"]:
+    for path in sorted(_HERE.glob("*.py")) + [Path(sys.modules[ModelProfile.__module__].__file__)]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -128,7 +128,7 @@ def load_or_build(model_arg: str, *, rebuild: bool = False, seq_lens=None, quiet
         cached = read_cached(key)
         if cached is not None:
             return cached
-    from autosp.cost_models.graph_profile.build import build_profile_for
+    from autosp.profiling.graph.build import build_profile_for
 
     profile = build_profile_for(model_arg, fingerprint=key, seq_lens=seq_lens, quiet=quiet)
     write_cached(profile)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
-from autosp.cost_models.graph_profile import analyze, assemble
-from autosp.cost_models.graph_profile import trace as T
+from autosp.profiling.graph import analyze, assemble
+from autosp.profiling.graph import trace as T
 
 DEFAULT_SEQ_LENS = (333, 667, 1001)
 """Odd lengths, so that no model width equals a sequence length (a [s, width] tensor would then look like
@@ -92,7 +92,7 @@ def _config_ints(config) -> set:
 def build_profile_for(model_arg: str, *, fingerprint: str = "", seq_lens=None, quiet: bool = False):
     """Trace ``model_arg`` (a config.json path / directory or ``package.module:function``) and return its
     graph ModelProfile."""
-    from autosp.cost_models.graph_profile.model_arg import describe_model_arg
+    from autosp.profiling.graph.model_arg import describe_model_arg
 
     kind, target = describe_model_arg(model_arg)
     max_position = None

@@ -4,7 +4,7 @@ dicts of :mod:`autosp.planner.check` as they are)."""
 from __future__ import annotations
 
 from autosp.planner.check import PASS
-from autosp.planner.sweep_output import aligned
+from autosp.planner.cli.sweep_output import aligned
 
 
 def _gib_or_host(nbytes: float, fmt: str = ",.1f") -> str:

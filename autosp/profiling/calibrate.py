@@ -37,7 +37,7 @@ examples:
   autosp-calibrate --quick --ranks 2 --out cpu2.json      # about 30 s on a 2-core CPU (gloo)
   autosp-plan --model llama --ctx 32k --hw cpu2.json      # plan with the measured profile
   autosp-calibrate --out h200x8.json --compare h100x8     # all local GPUs (nccl), vs a catalog entry
-  torchrun --nproc-per-node 8 -m autosp.cost_models.calibrate --out hw.json   # ranks from torchrun
+  torchrun --nproc-per-node 8 -m autosp.profiling.calibrate --out hw.json   # ranks from torchrun
 
 exit codes: 0 success, 1 internal error, 2 bad arguments or unwritable --out.
 """
@@ -91,7 +91,7 @@ def _check_out(path: str) -> None:
     """Fail before measuring when --out (or its measurements sidecar) cannot be written: a directory, a
     device or pipe, or a place this process cannot create files in (autosp.files tries, as permission bits
     lie to root)."""
-    from autosp.cost_models.calibration.profile import measurements_path_for
+    from autosp.profiling.calibration.profile import measurements_path_for
     from autosp.files import check_output
 
     if os.path.isdir(path):
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.ranks is not None and not 1 <= args.ranks <= 1024:
         raise UsageError(f"--ranks must be between 1 and 1024, got {args.ranks}")
-    from autosp.cost_models.calibration.limits import check_launch, check_thread_count
+    from autosp.profiling.calibration.limits import check_launch, check_thread_count
 
     check_thread_count(args.threads)
     if args.out:
@@ -123,10 +123,10 @@ def main(argv=None) -> int:
 
     import torch  # noqa: PLC0415 - only now: --help and bad input stay fast
 
-    from autosp.cost_models.calibration import launch
-    from autosp.cost_models.calibration.profile import (build_profile, check_finite, format_summary,
+    from autosp.profiling.calibration import launch
+    from autosp.profiling.calibration.profile import (build_profile, check_finite, format_summary,
                                                         measurements_path_for)
-    from autosp.cost_models.calibration.settings import make_settings
+    from autosp.profiling.calibration.settings import make_settings
 
     env = launch.torchrun_env()
     cuda = torch.cuda.is_available()
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     cfg = launch.LaunchConfig(settings=settings, backend=backend, threads=threads,
                               progress=not args.no_progress)
 
-    from autosp.cost_models.calibration import contention
+    from autosp.profiling.calibration import contention
 
     before = contention.snapshot()
     try:
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # torchrun -m autosp.cost_models.calibrate ...
+if __name__ == "__main__":  # torchrun -m autosp.profiling.calibrate ...
     from autosp.cli import calibrate_main
 
     sys.exit(calibrate_main())
