@@ -1,9 +1,9 @@
 """``autosp.compile``: from a model and a plan to a running sequence-parallel DeepSpeed engine.
 
-The compiler reads the planner through one seam, :func:`load_plan` (the plan JSON, ``autosp.planner.plan``):
-a plan is the planner's output and the compiler's input, and nothing else of the planner is imported here or
-anywhere under ``compiler/`` (``tests/project/test_layering.py`` checks it). What both need besides, the DeepSpeed
-config builder and the op tables, lives in ``cost_models``.
+The compiler imports nothing from the planner (``tests/project/test_layering.py`` checks it): what the two share
+is the contract, ``autosp/contract/`` -- the Candidate and its admission rules, the plan file and its loader
+(:func:`load_plan`), the DeepSpeed config builder, the op tables and the dtypes. A plan is the planner's output
+and the compiler's input.
 """
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ from __future__ import annotations
 import copy
 import os
 
-from autosp.cost_models.specs import Candidate
 from autosp.contract.rules import candidate_reason
+from autosp.contract.specs import DTYPES, Candidate
 from autosp.errors import UsageError
 
-DTYPES = ("fp32", "bf16")
 RECOMPILE_LIMIT = 64
 
 
 def load_plan(path):
-    """The plan JSON at ``path`` (written by ``autosp-plan --plan-out``): the compiler's one way into the
-    planner."""
-    from autosp.planner.plan import load_plan as read_plan
+    """The plan JSON at ``path`` (written by ``autosp-plan --plan-out``), read by the contract's loader."""
+    from autosp.contract.plan import load_plan as read_plan
 
     return read_plan(path)
 
@@ -97,13 +95,13 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def deepspeed_config(candidate: Candidate, dtype: str, plan=None, model=None, gradient_clipping=None) -> dict:
-    """The run's DeepSpeed config: :func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the one
+    """The run's DeepSpeed config: :func:`autosp.contract.deepspeed_config.deepspeed_config`, the one
     builder ``autosp-plan --ds-config`` uses too. DeepSpeed sees all dp x sp ranks as data parallel (see
     autosp.compiler.runtime). The gradient bucket is sized for the plan's model (what its cost model
     charged) or else for ``model``'s parameters."""
     import torch
 
-    from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
+    from autosp.contract.deepspeed_config import deepspeed_config as run_config
 
     n_params = None
     if plan is not None and hasattr(getattr(plan, "model", None), "n_params"):
@@ -255,8 +253,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     Args:
         model: an unmodified causal LM (``nn.Module``) whose ``forward(input_ids=..., labels=...)`` computes
             the loss with ``F.cross_entropy`` and attention with ``F.scaled_dot_product_attention``.
-        plan: a plan file path, a :class:`~autosp.planner.plan.Plan` or a
-            :class:`~autosp.cost_models.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
+        plan: a plan file path, a :class:`~autosp.contract.plan.Plan` or a
+            :class:`~autosp.contract.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
             ``dp_size``, ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a
             hand-made plan.
         ring_size: 2-D sequence parallelism: the SP group of ``sp_size`` = U x R ranks runs Ulysses all-to-alls
@@ -276,10 +274,10 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         dtype: ``"fp32"`` or ``"bf16"`` (DeepSpeed bf16: bf16 weights, fp32 master weights); default the plan's.
         backend: ``"inductor"`` (default) or ``"aot_eager"``.
         ds_config: DeepSpeed config entries merged over the generated config
-            (:func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
+            (:func:`autosp.contract.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
             --ds-config`` writes).
         gradient_clipping: the maximum global gradient norm (default 1.0,
-            :data:`autosp.cost_models.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
+            :data:`autosp.contract.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
         ignore_index, pad_token_id: the label to ignore and the token used to pad S to a multiple of P
             (default the model config's pad_token_id, else 0; pads are masked by causality and ignored).
         pad_to_multiple_of: also pad S to a multiple of this (bounds the number of distinct compiled lengths).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 
 
 @dataclass

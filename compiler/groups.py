@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 

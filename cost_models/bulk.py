@@ -28,7 +28,7 @@ import numpy as np
 from autosp.cost_models import chunks, comm, flops, memory, param_offload, ring
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.knobs import BY_NAME, KNOBS
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRAM_BANDWIDTH_PER_NODE, TILE_OVERHEAD_S,
                                           ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from autosp.contract.knobs import KNOBS
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 from autosp.errors import UsageError
 
 
@@ -30,7 +30,7 @@ class Artifact:
 
 
 def _read_json(path: str) -> dict:
-    from autosp.planner.plan import read_json
+    from autosp.files import read_json
 
     data = read_json(path)
     if not isinstance(data, dict):
@@ -41,7 +41,7 @@ def _read_json(path: str) -> dict:
 def load_artifact(path: str) -> Artifact:
     data = _read_json(path)
     if "schema_version" in data and "candidate" in data:
-        from autosp.planner.plan import plan_from_dict
+        from autosp.contract.plan import plan_from_dict
 
         try:
             plan = plan_from_dict(data)

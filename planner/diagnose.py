@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 
 from autosp.contract.knobs import BY_NAME, lean_alternatives, lean_knobs
-from autosp.cost_models.specs import Candidate, Estimate
+from autosp.contract.specs import Candidate, Estimate
 from autosp.errors import UsageError
 from autosp.units import format_gib, format_tokens
 

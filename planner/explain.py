@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from autosp.contract.knobs import KNOBS, family_of, knobs_of
-from autosp.cost_models.specs import Candidate, Estimate
-from autosp.planner.plan import RunnerUp
+from autosp.contract.specs import Candidate, Estimate
+from autosp.contract.plan import RunnerUp
 from autosp.planner.shortfall import memory_shortfall
 from autosp.units import format_gib, format_seconds, format_tokens
 

@@ -1,6 +1,6 @@
 """Pinned knobs (``autosp-plan --fix KNOB=VALUE``): a team keeps its ZeRO stage, or prices the plan it runs today.
 
-A pin names any field of :class:`~autosp.cost_models.specs.Candidate` (the plan's ``candidate`` section, read
+A pin names any field of :class:`~autosp.contract.specs.Candidate` (the plan's ``candidate`` section, read
 from the dataclass, so a knob added there can be pinned without changes here) and a value written as in a plan
 file: ``8``, ``true`` / ``false``, ``full`` (or ``"full"``). :func:`parse_pins` checks each pin on its own (the
 field exists, the value has its type and passes the Candidate's own checks) and returns them as a sorted tuple of
@@ -19,7 +19,7 @@ import json
 from dataclasses import MISSING, fields
 
 from autosp.contract.knobs import BY_NAME, KNOBS, SEARCHED
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 DERIVED = tuple(knob.name for knob in KNOBS if not knob.searched)

@@ -48,7 +48,7 @@ MOST, LEAST = "most", "least"
 LAYOUT, STRUCTURE, DIAL, DERIVED = "layout", "structure", "dial", "derived"
 """Roles. ``layout``: where the tokens and process groups go (sp and its ring split). ``structure``: sets a
 search family's shape (ZeRO stage, micro-batch, checkpointing, overlap). ``dial``: trades speed for memory
-inside one structure; :func:`autosp.planner.search.complete` chooses them for a structure. ``derived``: follows
+inside one structure; :func:`autosp.planner.search.moves.complete` chooses them for a structure. ``derived``: follows
 from the layout and the batch (dp = world / sp, grad_accum from the global batch); never searched."""
 
 
@@ -104,12 +104,12 @@ class Knob:
     """Which way along its choices a single move saves device memory (+1: up, -1: down; a true/false knob: +1 when
     true saves it); 0: no single move of it only saves memory (the local moves leave it to the neighbourhood)."""
     simplicity: int | None = None
-    """Place in the simplicity tie-break (:func:`autosp.planner.evaluator.simplicity`); None: not in it."""
+    """Place in the simplicity tie-break (:func:`autosp.planner.search.evaluator.simplicity`); None: not in it."""
     high_is_simpler: bool = False
     lean_rank: int | None = None
     """Place in the exhaustive max-ctx search's memory-lean-first order (higher values leaner); None: not in it."""
     lean_nest: int | None = None
-    """Place in the nesting of a family's lean points (:func:`autosp.planner.fast.lean_points`, outermost first);
+    """Place in the nesting of a family's lean points (:func:`autosp.planner.search.fast._lean_points`, outermost first);
     None: the knob takes its lean value alone there."""
     ds_zero_key: str | None = None
     """Its key in DeepSpeed's own ``zero_optimization`` section (the offloads), which the reader falls back to."""
@@ -168,7 +168,7 @@ BY_NAME = {knob.name: knob for knob in KNOBS}
 SEARCHED = tuple(knob.name for knob in KNOBS if knob.searched)
 """The knobs a search space offers choices for (dp and grad_accum follow from sp and the batch)."""
 DIALS = tuple(knob.name for knob in KNOBS if knob.role == DIAL)
-"""The knobs that trade speed for memory within one structure; :func:`autosp.planner.search.complete` sets them."""
+"""The knobs that trade speed for memory within one structure; :func:`autosp.planner.search.moves.complete` sets them."""
 STRUCTURAL = tuple(name for name in SEARCHED if name not in DIALS)
 SIMPLICITY = tuple(sorted((k for k in KNOBS if k.simplicity is not None), key=lambda k: k.simplicity))
 LEAN_FIRST = tuple(sorted((k for k in KNOBS if k.lean_rank is not None), key=lambda k: k.lean_rank))

@@ -1,5 +1,5 @@
 """Admission rules of a candidate that hold whatever the model and cluster: the planner's search space refuses a
-candidate that breaks one (:func:`autosp.planner.space.invalid_reason`) and the compiler refuses a hand-made one
+candidate that breaks one (:func:`autosp.planner.search.space.invalid_reason`) and the compiler refuses a hand-made one
 (:func:`autosp.compiler.api.resolve_candidate`), with the same words. The rules that need the model or the
 cluster (heads, node sizes, tiles per rank) are the planner's alone; the Candidate's own field checks are in
 :class:`autosp.contract.specs.Candidate`.

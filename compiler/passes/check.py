@@ -26,7 +26,7 @@ from torch import fx
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.attention import RING, SPAN, ring_wrapped, wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
-from autosp.cost_models.op_classes import is_matmul
+from autosp.contract.op_classes import is_matmul
 
 
 def _product_of_two(node: fx.Node) -> bool:

@@ -253,7 +253,7 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
 
 def _measured_lines(measured: dict, chosen) -> list[str]:
     """The predicted-vs-measured table of ``--measure``."""
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     lines = [f"Measured (autosp-train, {measured.get('warmup_steps')} warm-up + {measured.get('steps')} steps, "
              f"backend {measured.get('backend')}; chosen by {measured.get('chosen_by')})"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from autosp.cost_models import bulk
 from autosp.contract.knobs import BY_NAME, SIMPLICITY, knobs_of
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 
 BULK_EXHAUSTIVE_CANDIDATES = 1_500_000

@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from autosp.contract.knobs import simplicity_key
-from autosp.cost_models.specs import Candidate, Estimate, Workload
+from autosp.contract.specs import Candidate, Estimate, Workload
 
 CTX_GRANULE = 1024
 """Resolution of the max-ctx search, in tokens."""

@@ -1,6 +1,6 @@
 """The search space: which candidates exist for a (model, hardware, workload), and why others do not.
 
-A candidate (:class:`autosp.cost_models.specs.Candidate`) sets every knob the compiler applies. The space
+A candidate (:class:`autosp.contract.specs.Candidate`) sets every knob the compiler applies. The space
 is the product of the knob choices below, cut down by the validity rules; :func:`invalid_reason`
 returns the first rule a candidate breaks (one line, for the report and the errors) or ``None``.
 
@@ -78,7 +78,7 @@ from autosp.cost_models.shapes import padding_multiple
 from autosp.contract.knobs import BY_NAME, SEARCHED
 from autosp.contract.rules import chunks_overlap_reason
 from autosp.contract.rules import overlap_reason as contract_overlap_reason
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)

@@ -37,7 +37,7 @@ from autosp.compiler.passes.tiling_loss import (
 )
 from autosp.compiler.passes.tiling_mlp import TILED_MLP, mlp_reference, mlp_tiling_pass, tiled_mlp
 from autosp.compiler.testing import assert_within
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 # name -> (model factory, batch kwargs, candidate fields, compile kwargs)

@@ -17,7 +17,7 @@ from autosp.compiler.inputs import shard_batch
 from autosp.compiler.passes import attention_pass, check_pass, loss_pass, mask_pass, position_pass
 from autosp.compiler.passes.common import SDPA, is_call
 from autosp.compiler.passes.mask import is_causal_mask
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 A2A = torch.ops.autosp_ops.all_to_all.default

@@ -29,7 +29,7 @@ from autosp.compiler.passes import attention_pass, check_pass, mask_pass, positi
 from autosp.compiler.passes.attention import RING
 from autosp.compiler.passes.common import SDPA, is_call
 from autosp.compiler.testing import capture_graph
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 A2A = torch.ops.autosp_ops.all_to_all.default

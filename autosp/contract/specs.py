@@ -39,6 +39,45 @@ _LATER_FIELDS = {"sliding_window": 0, "sliding_layers": (), "n_experts": 0, "exp
                  "final_logit_softcap": 0.0}
 
 
+def _mlp_matrices(model) -> int:
+    return 3 if model.gated_mlp else 2
+
+
+def check_spec(model) -> None:
+    """ValueError unless the ModelSpec's mixture-of-experts fields describe a model (or are all unset)."""
+    E, k, fe, fs = model.n_experts, model.experts_per_token, model.expert_ffn_hidden, model.shared_ffn_hidden
+    for name in ("n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
+    if not E:
+        if k or fe or fs or model.dense_layers:
+            raise ValueError("ModelSpec.experts_per_token, expert_ffn_hidden, shared_ffn_hidden and dense_layers "
+                             "describe experts: they need n_experts > 0")
+    else:
+        if not 1 <= k <= E:
+            raise ValueError(f"ModelSpec.experts_per_token must be in [1, n_experts={E}], got {k!r}")
+        if fe < 1:
+            raise ValueError("ModelSpec.expert_ffn_hidden must be positive for a mixture-of-experts model")
+        layers = model.dense_layers
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.n_layers for i in layers) \
+                or list(layers) != sorted(set(layers)) or len(layers) >= model.n_layers:
+            raise ValueError(f"ModelSpec.dense_layers must be increasing layer indices in [0, {model.n_layers}) "
+                             f"leaving at least one MoE layer, got {list(layers)!r}")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative number, got {value!r}")
+
+
+def moe_mlp_params(model, active: bool = False) -> int:
+    """Parameters of one MoE layer's MLP: router + shared experts + every routed expert (``active``: the k a
+    token uses)."""
+    h, m = model.hidden, _mlp_matrices(model)
+    routed = model.experts_per_token if active else model.n_experts
+    return h * model.n_experts + m * h * model.shared_ffn_hidden + routed * m * h * model.expert_ffn_hidden
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, as far as cost goes.
@@ -106,8 +145,6 @@ class ModelSpec:
         if bool(window) != bool(layers):
             raise ValueError("ModelSpec.sliding_window and sliding_layers go together: a window needs the layers "
                              "it applies to, and windowed layers need a window")
-        from autosp.cost_models.moe import check_spec  # the MoE fields' rules live with their costs
-
         check_spec(self)
 
     @property
@@ -139,8 +176,6 @@ class ModelSpec:
     def layer_params(self) -> int:
         """Parameters of one decoder layer (attention, MLP and its two norms); of a mixture-of-experts layer
         (every expert, the router and the shared experts) when the model has any."""
-        from autosp.cost_models.moe import moe_mlp_params
-
         mlp = moe_mlp_params(self) if self.n_experts else (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
         return self.attention_params() + mlp
 
@@ -249,6 +284,13 @@ class Workload:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+
+
+def hardware_from_dict(data: dict) -> HardwareSpec:
+    """A HardwareSpec from its ``dataclasses.asdict`` form (a hardware file, a plan's ``hardware``)."""
+    data = dict(data)
+    data["accelerator"] = from_dict(AcceleratorSpec, data["accelerator"])
+    return from_dict(HardwareSpec, data)
 
 
 def workload_key(workload: Workload) -> dict:
