@@ -50,7 +50,7 @@ def __getattr__(name):  # PlanRequest without importing the planner at ``import 
 
 def load_plan(path):
     """Read and validate a plan JSON file."""
-    from autosp.planner.plan import load_plan as _load_plan
+    from autosp.contract.plan import load_plan as _load_plan
 
     return _load_plan(path)
 

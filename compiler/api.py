@@ -1,9 +1,9 @@
 """``autosp.compile``: from a model and a plan to a running sequence-parallel DeepSpeed engine.
 
-The compiler reads the planner through one seam, :func:`load_plan` (the plan JSON, ``autosp.planner.plan``):
-a plan is the planner's output and the compiler's input, and nothing else of the planner is imported here or
-anywhere under ``compiler/`` (``tests/project/test_layering.py`` checks it). What both need besides, the DeepSpeed
-config builder and the op tables, lives in ``cost_models``.
+The compiler imports nothing from the planner (``tests/project/test_layering.py`` checks it): what the two share
+is the contract, ``autosp/contract/`` -- the Candidate and its admission rules, the plan file and its loader
+(:func:`load_plan`), the DeepSpeed config builder, the op tables and the dtypes. A plan is the planner's output
+and the compiler's input.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from __future__ import annotations
 import copy
 import os
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.rules import candidate_reason
+from autosp.contract.specs import DTYPES, Candidate
 from autosp.errors import UsageError
 
-DTYPES = ("fp32", "bf16")
 RECOMPILE_LIMIT = 64
 
 
 def load_plan(path):
-    """The plan JSON at ``path`` (written by ``autosp-plan --plan-out``): the compiler's one way into the
-    planner."""
-    from autosp.planner.plan import load_plan as read_plan
+    """The plan JSON at ``path`` (written by ``autosp-plan --plan-out``), read by the contract's loader."""
+    from autosp.contract.plan import load_plan as read_plan
 
     return read_plan(path)
 
@@ -78,13 +77,11 @@ def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
 
 
 def _refuse_impossible_combinations(candidate: Candidate) -> None:
-    """Knob combinations that mean nothing in the compiled graph (the planner must not emit them)."""
-    if candidate.sequence_chunks > 1 and candidate.overlap == "head_pipeline":
-        raise UsageError("overlap=head_pipeline splits each layer's attention into head groups, and sequence_chunks "
-                         "needs one attention per layer; use overlap=none or kv_async with sequence_chunks > 1")
-    if candidate.overlap != "none" and candidate.ring > 1 and candidate.ulysses == 1:
-        raise UsageError(f"overlap={candidate.overlap} overlaps the Ulysses all-to-alls, and ring={candidate.ring} = "
-                         f"sp leaves none (ring attention always overlaps its own transfers); use overlap=none")
+    """Knob combinations that mean nothing in the compiled graph: the planner's own admission rules
+    (autosp.contract.rules), which a hand-made plan must meet too."""
+    reason = candidate_reason(candidate)
+    if reason:
+        raise UsageError(reason)
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -98,13 +95,13 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def deepspeed_config(candidate: Candidate, dtype: str, plan=None, model=None, gradient_clipping=None) -> dict:
-    """The run's DeepSpeed config: :func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the one
+    """The run's DeepSpeed config: :func:`autosp.contract.deepspeed_config.deepspeed_config`, the one
     builder ``autosp-plan --ds-config`` uses too. DeepSpeed sees all dp x sp ranks as data parallel (see
     autosp.compiler.runtime). The gradient bucket is sized for the plan's model (what its cost model
     charged) or else for ``model``'s parameters."""
     import torch
 
-    from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
+    from autosp.contract.deepspeed_config import deepspeed_config as run_config
 
     n_params = None
     if plan is not None and hasattr(getattr(plan, "model", None), "n_params"):
@@ -193,36 +190,31 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
     import torch
 
     from autosp.compiler.backend import make_backend
-    from autosp.compiler.context import SPContext
+    from autosp.compiler.context import SPContext, unique_key
 
     if pad_token_id is None:
         pad_token_id = getattr(getattr(module, "config", None), "pad_token_id", None)
         if not isinstance(pad_token_id, int) or pad_token_id < 0:
             pad_token_id = 0
-    ctx = SPContext(sp_size=candidate.sp, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
-                    world_group=layout.world_group.group_name, grad_world_size=grad_world_size,
-                    ignore_index=ignore_index, fragments=candidate.zero_stage == 3,
-                    mlp_chunks=candidate.mlp_chunks, loss_chunks=candidate.loss_chunks, overlap=candidate.overlap,
-                    ring_size=candidate.ring,
-                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
-                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None)
-    ctx.checkpointing, ctx.offload_activations = candidate.checkpointing, candidate.offload_activations
-    ctx.sequence_chunks, ctx.offload_chunks = candidate.sequence_chunks, candidate.offload_chunks
     windows = windows or []
-    ctx.layer_windows = windows
+    router_key = ""
     if moe:
         from autosp.compiler.router_loss import patch_router_loss
 
         if patch_router_loss(module):  # the router's load-balancing loss over the whole batch
-            ctx.router_key = f"router-{id(ctx):x}"
+            router_key = unique_key("router")
+    param_layers = {}
     if windows and len(set(windows)) > 1:
-        ctx.param_layers = _parameter_layers(module)
-        if ctx.fragments:
+        param_layers = _parameter_layers(module)
+        if candidate.zero_stage == 3:
             _distinct_window_layer_types(module, windows)
-    if packed or windows:
-        from autosp.compiler.runtime import rule_key
-
-        ctx.rule = rule_key(ctx)
+    ctx = SPContext(candidate=candidate, sp_rank=layout.sp_rank, sp_group=layout.sp_group.group_name,
+                    world_group=layout.world_group.group_name, grad_world_size=grad_world_size,
+                    ignore_index=ignore_index,
+                    ulysses_group=layout.ulysses_group.group_name if layout.ulysses_group is not None else None,
+                    ring_group=layout.ring_group.group_name if layout.ring_group is not None else None,
+                    rule=unique_key("engine") if packed or windows else "", layer_windows=windows,
+                    router_key=router_key, param_layers=param_layers)
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
@@ -261,8 +253,8 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     Args:
         model: an unmodified causal LM (``nn.Module``) whose ``forward(input_ids=..., labels=...)`` computes
             the loss with ``F.cross_entropy`` and attention with ``F.scaled_dot_product_attention``.
-        plan: a plan file path, a :class:`~autosp.planner.plan.Plan` or a
-            :class:`~autosp.cost_models.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
+        plan: a plan file path, a :class:`~autosp.contract.plan.Plan` or a
+            :class:`~autosp.contract.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
             ``dp_size``, ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a
             hand-made plan.
         ring_size: 2-D sequence parallelism: the SP group of ``sp_size`` = U x R ranks runs Ulysses all-to-alls
@@ -282,10 +274,10 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         dtype: ``"fp32"`` or ``"bf16"`` (DeepSpeed bf16: bf16 weights, fp32 master weights); default the plan's.
         backend: ``"inductor"`` (default) or ``"aot_eager"``.
         ds_config: DeepSpeed config entries merged over the generated config
-            (:func:`autosp.cost_models.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
+            (:func:`autosp.contract.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
             --ds-config`` writes).
         gradient_clipping: the maximum global gradient norm (default 1.0,
-            :data:`autosp.cost_models.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
+            :data:`autosp.contract.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
         ignore_index, pad_token_id: the label to ignore and the token used to pad S to a multiple of P
             (default the model config's pad_token_id, else 0; pads are masked by causality and ignored).
         pad_to_multiple_of: also pad S to a multiple of this (bounds the number of distinct compiled lengths).
@@ -330,7 +322,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     from autosp.compiler.groups import make_layout
     from autosp.compiler.runtime import SPEngine
 
-    layout = make_layout(candidate.sp, candidate.dp, candidate.ring)
+    layout = make_layout(candidate)
     config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
 
     if candidate.zero_stage == 3:

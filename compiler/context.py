@@ -8,7 +8,10 @@ guards make sure a graph compiled for one local length only ever runs at that le
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+
+from autosp.contract.specs import Candidate
 
 
 @dataclass
@@ -32,26 +35,22 @@ class PassStats:
 
 @dataclass
 class SPContext:
-    sp_size: int
+    """The plan's :class:`~autosp.contract.specs.Candidate` (every knob the passes apply: tiling, overlap,
+    checkpointing, offloads, the ring split, sequence chunks) and this rank's runtime facts. Built once, complete,
+    by :func:`autosp.compiler.api.attach_sp`; the runtime only fills in the per-call lengths (and, the first time a
+    batch turns out packed, the documents' rule key)."""
+
+    candidate: Candidate
     sp_rank: int
     sp_group: str                 # ProcessGroup.group_name of this rank's SP group
     world_group: str              # the group the loss statistics are summed over (every rank)
     grad_world_size: int          # ranks DeepSpeed averages gradients over (dp * sp)
     ignore_index: int = -100
-    fragments: bool = False       # graph breaks are expected (ZeRO-3 module hooks)
     positions_from_runtime: bool = False
     local_len: int = 0            # s = S / P of the call being compiled
     global_len: int = 0           # S after padding
-    mlp_chunks: int = 1           # plan knobs applied by the tiling passes and the attention pass
-    loss_chunks: int = 1
-    overlap: str = "none"
-    checkpointing: str = "none"   # plan knobs applied by the partitioner (passes/checkpointing.py, offload.py)
-    offload_activations: bool = False
-    ring_size: int = 1            # 2-D SP: ring attention over ring_size ranks, all-to-alls over sp_size // ring_size
-    ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring_size == sp_size)
-    ring_group: str | None = None     # group of ring attention (ring_size > 1)
-    sequence_chunks: int = 1      # sequence-chunked decoder layers (passes/chunking.py, chunked_layer.py)
-    offload_chunks: bool = False  # their saved chunks in host memory
+    ulysses_group: str | None = None  # group of the all-to-alls (default: sp_group; None when ring == sp)
+    ring_group: str | None = None     # group of ring attention (ring > 1)
     # Packed documents / sliding windows (attention/documents.py, attention/local.py): ``rule`` is the key under
     # which the runtime publishes each call's documents; non-empty: every attention becomes a span-restricted
     # op (span_attention after Ulysses, ring_attention with the rule). ``layer_windows``: per decoder layer,
@@ -63,8 +62,13 @@ class SPContext:
     stats: PassStats = field(default_factory=PassStats)
 
     def __post_init__(self):
-        if self.ulysses_group is None and self.ring_size == 1:
+        if self.ulysses_group is None and self.candidate.ring == 1:
             self.ulysses_group = self.sp_group
+
+    @property
+    def fragments(self) -> bool:
+        """Graph breaks are expected: ZeRO-3's module hooks gather each layer's parameters."""
+        return self.candidate.zero_stage == 3
 
     @property
     def windows(self) -> frozenset:
@@ -72,27 +76,31 @@ class SPContext:
         return frozenset(w for w in self.layer_windows or () if w is not None)
 
     @property
-    def ulysses_size(self) -> int:
-        return self.sp_size // self.ring_size
-
-    @property
     def spans(self) -> list:
         """The global token spans this rank holds, in the order of its rows (:mod:`.attention.layout`: one
         contiguous chunk without a ring, zigzag chunks with one; with sequence-chunked layers the rank's share of
         every global chunk)."""
-        if self.ring_size == 1 and self.sequence_chunks == 1:
+        c = self.candidate
+        if c.ring == 1 and c.sequence_chunks == 1:
             return [(self.sp_rank * self.local_len, (self.sp_rank + 1) * self.local_len)]
         from autosp.compiler.attention.layout import chunked_rank_spans
 
-        return chunked_rank_spans(self.global_len, self.ulysses_size, self.ring_size, self.sequence_chunks,
-                                  self.sp_rank)
+        return chunked_rank_spans(self.global_len, c.ulysses, c.ring, c.sequence_chunks, self.sp_rank)
 
     @property
     def ring_ranges(self) -> list[int]:
         """Every ring position's spans, flattened: what ``autosp_ops::ring_attention`` is given."""
         from autosp.compiler.attention.layout import flat_ranges
 
-        return flat_ranges(self.global_len, self.ring_size)
+        return flat_ranges(self.global_len, self.candidate.ring)
 
 
-__all__ = ["PassStats", "SPContext"]
+_KEYS = itertools.count()
+
+
+def unique_key(prefix: str) -> str:
+    """A key no other engine of this process uses (the documents' rule, the router's tokens)."""
+    return f"{prefix}-{next(_KEYS):x}"
+
+
+__all__ = ["PassStats", "SPContext", "unique_key"]

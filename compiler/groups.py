@@ -29,53 +29,48 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 
 @dataclass(frozen=True)
 class Layout:
-    sp: int
-    dp: int
+    """This rank's place in the candidate's SP x DP layout and its process groups (the degrees are the
+    candidate's: ``candidate.sp``, ``.dp``, ``.ring``, ``.ulysses``)."""
+
+    candidate: Candidate
     rank: int
     sp_group: object       # ProcessGroup
     dp_group: object       # ProcessGroup
     world_group: object    # ProcessGroup over every rank
-    ring: int = 1
     ulysses_group: object = None   # ProcessGroup of the all-to-alls (the SP group when ring == 1; None when
                                    # ring == sp: no all-to-all)
     ring_group: object = None      # ProcessGroup of ring attention (None when ring == 1)
 
     @property
     def sp_rank(self) -> int:
-        return self.rank % self.sp
+        return self.rank % self.candidate.sp
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.sp
-
-    @property
-    def world_size(self) -> int:
-        return self.sp * self.dp
-
-    @property
-    def ulysses(self) -> int:
-        return self.sp // self.ring
+        return self.rank // self.candidate.sp
 
     @property
     def ulysses_rank(self) -> int:
-        return self.sp_rank % self.ulysses
+        return self.sp_rank % self.candidate.ulysses
 
     @property
     def ring_rank(self) -> int:
-        return self.sp_rank // self.ulysses
+        return self.sp_rank // self.candidate.ulysses
 
 
 def _new_group(ranks: list[int], world: int):
     return dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
 
 
-def make_layout(sp: int, dp: int, ring: int = 1) -> Layout:
-    """Create (collectively, on every rank) the SP, Ulysses, ring and DP groups of an sp x dp world."""
+def make_layout(candidate: Candidate) -> Layout:
+    """Create (collectively, on every rank) the SP, Ulysses, ring and DP groups of the candidate's sp x dp world."""
+    sp, dp, ring = candidate.sp, candidate.dp, candidate.ring
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != sp * dp:
         raise UsageError(f"the plan needs dp x sp = {dp} x {sp} = {dp * sp} processes but {world} were launched")
@@ -111,8 +106,8 @@ def make_layout(sp: int, dp: int, ring: int = 1) -> Layout:
                     ring_group = group
     else:
         ulysses_group = sp_group
-    return Layout(sp=sp, dp=dp, rank=rank, sp_group=sp_group, dp_group=dp_group, world_group=dist.group.WORLD,
-                  ring=ring, ulysses_group=ulysses_group, ring_group=ring_group)
+    return Layout(candidate=candidate, rank=rank, sp_group=sp_group, dp_group=dp_group,
+                  world_group=dist.group.WORLD, ulysses_group=ulysses_group, ring_group=ring_group)
 
 
 __all__ = ["Layout", "make_layout"]

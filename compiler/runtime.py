@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from autosp.compiler import ops
 from autosp.compiler.attention.documents import publish
-from autosp.compiler.context import SPContext
+from autosp.compiler.context import SPContext, unique_key
 from autosp.compiler.inputs import LocalBatch, shard_batch
 from autosp.errors import AutospError, UsageError
 
@@ -121,11 +121,6 @@ def _extract_loss(out) -> torch.Tensor:
     return loss
 
 
-def rule_key(ctx: SPContext) -> str:
-    """The key an engine publishes its batches' documents under (one per engine in the process)."""
-    return f"engine-{id(ctx):x}"
-
-
 class SPEngine:
     """A DeepSpeed engine running the sequence-parallel graph. Build it with :func:`autosp.compile`."""
 
@@ -152,8 +147,9 @@ class SPEngine:
         # what every forward must run around attention (ops.CALLS keys; every all-to-all, blocking or
         # started, counts as "all_to_all"): all-to-alls unless the SP group is all ring, ring attention
         # when there is a ring
-        all_to_all = [("all_to_all", "all-to-all")] if layout.ulysses > 1 or layout.ring == 1 else []
-        self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if layout.ring > 1 else [])
+        all_to_all = [("all_to_all", "all-to-all")] if candidate.ulysses > 1 or candidate.ring == 1 else []
+        self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if candidate.ring > 1
+                                                    else [])
 
     # -- accessors --------------------------------------------------------------------------------
     @property
@@ -191,13 +187,14 @@ class SPEngine:
         make_positions = self.ctx.fragments and position_ids is None
         if make_positions and not self._accepts_position_ids:
             make_positions = False  # the position pass reports it if positions cross a graph break
-        return shard_batch(input_ids, labels, sp=self.layout.sp, sp_rank=self.layout.sp_rank, dp=self.layout.dp,
+        c = self.candidate
+        return shard_batch(input_ids, labels, sp=c.sp, sp_rank=self.layout.sp_rank, dp=c.dp,
                            dp_rank=self.layout.dp_rank, attention_mask=attention_mask, position_ids=position_ids,
                            ignore_index=self.ignore_index, pad_token_id=self.pad_token_id,
                            pad_to_multiple_of=self.pad_to_multiple_of,
                            micro_batch=self.candidate.micro_batch if self.fixed_batch else None,
-                           make_position_ids=make_positions, device=self.device, ring=self.layout.ring,
-                           chunks=self.ctx.sequence_chunks, seq_lens=seq_lens, cu_seq_lens=cu_seq_lens)
+                           make_position_ids=make_positions, device=self.device, ring=c.ring,
+                           chunks=self.ctx.candidate.sequence_chunks, seq_lens=seq_lens, cu_seq_lens=cu_seq_lens)
 
     def _documents(self, batch: LocalBatch) -> None:
         """Publish this call's packed documents for the attention ops (span mode), switching span mode on
@@ -207,7 +204,7 @@ class SPEngine:
                 raise UsageError("packed documents (position_ids restarting at 0, or seq_lens) reached an engine "
                                  "whose graphs were compiled for one sequence per row; pass packed=True to "
                                  "autosp.compile (or make the first batch packed)")
-            self.ctx.rule = rule_key(self.ctx)
+            self.ctx.rule = unique_key("engine")
         if self.ctx.rule:
             publish(self.ctx.rule, batch.documents)
 
@@ -302,4 +299,4 @@ class SPEngine:
         return load_engine_checkpoint(self, directory, load_optimizer=load_optimizer)
 
 
-__all__ = ["SPEngine", "rule_key", "sdpa_guard"]
+__all__ = ["SPEngine", "sdpa_guard"]

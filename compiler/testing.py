@@ -90,7 +90,7 @@ def reference_run(model, batches, optimizer_fn, model_kwargs=None, grad_accum: i
     step. Gradients are clipped to the global norm ``gradient_clipping`` before each step, as DeepSpeed
     does with the config ``autosp.compile`` builds (None: its default, 0: no clipping). ``loss_fn(model,
     batch)``: how to get a batch's loss (default: the model's own; :func:`packed_loss` for packed batches)."""
-    from autosp.cost_models.deepspeed_config import GRADIENT_CLIPPING
+    from autosp.contract.deepspeed_config import GRADIENT_CLIPPING
 
     clip = GRADIENT_CLIPPING if gradient_clipping is None else gradient_clipping
     model = copy.deepcopy(model)

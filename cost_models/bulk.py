@@ -27,7 +27,8 @@ import numpy as np
 
 from autosp.cost_models import chunks, comm, flops, memory, param_offload, ring
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.contract.knobs import BY_NAME, KNOBS
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRAM_BANDWIDTH_PER_NODE, TILE_OVERHEAD_S,
                                           ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks)
 
@@ -80,8 +81,7 @@ def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
     return out
 
 
-_NEUTRAL = dict(zero_stage=0, offload_optimizer=False, offload_param=False, checkpointing="none", mlp_chunks=1,
-                loss_chunks=1, offload_chunks=False, offload_activations=False, overlap="none")
+_NEUTRAL = {name: BY_NAME[name].default for name in ROW_KNOBS}  # every row knob at its default (the knob table)
 
 
 def _proxy(base: Candidate, **knobs):
@@ -326,14 +326,13 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
 
 
 def shape_of(cand: Candidate) -> tuple:
-    """The group key of a candidate: what :class:`Shapes` reads from it."""
-    return (cand.sp, cand.ring, cand.dp, cand.micro_batch, cand.grad_accum, cand.sequence_chunks)
+    """The group key of a candidate: its knobs that are not row knobs (what :class:`Shapes` reads from it)."""
+    return tuple(getattr(cand, knob.name) for knob in KNOBS if knob.name not in ROW_KNOBS)
 
 
 def row_of(cand: Candidate) -> tuple:
-    return (cand.zero_stage, cand.offload_optimizer, cand.offload_param, CHECKPOINTING_POLICIES.index(cand.checkpointing),
-            cand.mlp_chunks, cand.loss_chunks, cand.offload_chunks, cand.offload_activations,
-            OVERLAP_SCHEDULES.index(cand.overlap))
+    """The candidate's row: its ROW_KNOBS values as the arrays hold them (enumerated knobs as indices)."""
+    return tuple(BY_NAME[name].order_key(getattr(cand, name)) for name in ROW_KNOBS)
 
 
 def estimate_many(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands, profile=None) -> Bulk:

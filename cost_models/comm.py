@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import deepspeed_buffers as ds, moe
+from autosp.contract import deepspeed_buffers as ds
+from autosp.cost_models import moe
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, HardwareSpec
+from autosp.contract.specs import Candidate, HardwareSpec
 
 
 def _xfer(nbytes: float, bandwidth: float) -> float:

@@ -19,7 +19,7 @@ from autosp.cost_models import chunks, flops, ring
 from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memory_breakdown, optimizer_host_bytes
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
+from autosp.contract.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
 from autosp.cost_models.step_time import step_time_parts
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from autosp.cost_models import ring
 from autosp.cost_models.profile import FA_BACKWARD_FACTOR, POLICY_INDEX  # noqa: F401  (re-exported)
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 """Adam step traffic per local parameter: read fp32 master, m, v (12) and the gradient (2-4), write

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models import chunks, deepspeed_buffers as ds, moe, param_offload, profile, ring
+from autosp.contract import deepspeed_buffers as ds
+from autosp.cost_models import chunks, moe, param_offload, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
+from autosp.contract.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
 
 GIB = 1024 ** 3
 

@@ -54,41 +54,6 @@ def _m(model) -> int:
     return 3 if model.gated_mlp else 2
 
 
-def check_spec(model) -> None:
-    """ValueError unless the ModelSpec's mixture-of-experts fields describe a model (or are all unset)."""
-    E, k, fe, fs = model.n_experts, model.experts_per_token, model.expert_ffn_hidden, model.shared_ffn_hidden
-    for name in ("n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden"):
-        value = getattr(model, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
-    if not E:
-        if k or fe or fs or model.dense_layers:
-            raise ValueError("ModelSpec.experts_per_token, expert_ffn_hidden, shared_ffn_hidden and dense_layers "
-                             "describe experts: they need n_experts > 0")
-    else:
-        if not 1 <= k <= E:
-            raise ValueError(f"ModelSpec.experts_per_token must be in [1, n_experts={E}], got {k!r}")
-        if fe < 1:
-            raise ValueError("ModelSpec.expert_ffn_hidden must be positive for a mixture-of-experts model")
-        layers = model.dense_layers
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.n_layers for i in layers) \
-                or list(layers) != sorted(set(layers)) or len(layers) >= model.n_layers:
-            raise ValueError(f"ModelSpec.dense_layers must be increasing layer indices in [0, {model.n_layers}) "
-                             f"leaving at least one MoE layer, got {list(layers)!r}")
-    for name in ("attn_logit_softcap", "final_logit_softcap"):
-        value = getattr(model, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"ModelSpec.{name} must be a non-negative number, got {value!r}")
-
-
-def moe_mlp_params(model, active: bool = False) -> int:
-    """Parameters of one MoE layer's MLP: router + shared experts + every routed expert (``active``: the k a
-    token uses)."""
-    h, m = model.hidden, _m(model)
-    routed = model.experts_per_token if active else model.n_experts
-    return h * model.n_experts + m * h * model.shared_ffn_hidden + routed * m * h * model.expert_ffn_hidden
-
-
 def expert_params(model) -> int:
     """Parameters of all routed experts of the model (what expert parallelism shards)."""
     return model.moe_layers * model.n_experts * _m(model) * model.hidden * model.expert_ffn_hidden

@@ -24,7 +24,7 @@ Pure functions over plain floats, like the rest of the cost model.
 from __future__ import annotations
 
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, HardwareSpec
+from autosp.contract.specs import Candidate, HardwareSpec
 
 def enabled(cand: Candidate) -> bool:
     """Parameter offload applies only at ZeRO stage 3 (Candidate rejects it elsewhere)."""

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 from autosp.cost_models import moe, softcap
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, ModelSpec
+from autosp.contract.specs import CHECKPOINTING_POLICIES, ModelSpec
 
 PROFILE_SCHEMA = 1
 """Bumped whenever the meaning of a field changes; cached graph profiles of another schema are rebuilt."""

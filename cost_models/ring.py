@@ -1,6 +1,6 @@
 """Ring attention, the R dimension of 2-D sequence parallelism: P2P traffic, overlap, block efficiency, buffers.
 
-The SP group of P = ``sp`` ranks is U = ``ulysses`` x R = ``ring`` ranks (cost_models/specs.py): Ulysses
+The SP group of P = ``sp`` ranks is U = ``ulysses`` x R = ``ring`` ranks (autosp/contract/specs.py): Ulysses
 all-to-alls over U consecutive ranks turn each rank's S/P tokens x all heads into S/R tokens x H/U heads;
 the ring then passes key/value blocks around the R ranks (ranks strided by U), R - 1 steps, each step's
 transfer overlapping the attention of the block already there, and merges the partial outputs by their
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from autosp.cost_models import documents
 from autosp.cost_models.shapes import Shapes, padding_multiple
-from autosp.cost_models.specs import Candidate, HardwareSpec
+from autosp.contract.specs import Candidate, HardwareSpec
 
 __all__ = ["CAUSAL_HALF_TOKENS", "FULL_HALF_TOKENS", "DKV_BYTES", "RING_DKV_BUFFERS", "RING_KV_BUFFERS",
            "attention_steps", "backward_extra_bytes", "block_speeds", "compute_factor", "dkv_block_bytes", "exposed_backward",

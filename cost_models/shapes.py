@@ -11,7 +11,7 @@ import math
 
 from autosp.cost_models.moe import layout as moe_layout
 from autosp.cost_models.profile import ModelProfile, analytic_profile
-from autosp.cost_models.specs import Candidate, ModelSpec, Workload
+from autosp.contract.specs import Candidate, ModelSpec, Workload
 
 BYTES = {"bf16": 2, "fp32": 4}
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from autosp.cost_models import chunks as seq_chunks, comm, flops, moe, param_offload, ring, softcap
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
+from autosp.contract.specs import Candidate, HardwareSpec, TimeBreakdown
 
 ZERO_OVERLAP_FRACTION = 0.8
 """Share of a compute window that overlapped ZeRO collectives can hide behind (NCCL kernels take SMs

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 
 from autosp.errors import InfeasibleError, UsageError
-from autosp.planner.plan import Plan, RunnerUp
+from autosp.contract.plan import Plan, RunnerUp
 from autosp.planner.request import PlanRequest, ResolvedRequest, resolve
 from autosp.units import format_tokens
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.knobs import KNOBS
+from autosp.contract.specs import Candidate, Workload
 from autosp.errors import UsageError
 
 
@@ -29,7 +30,7 @@ class Artifact:
 
 
 def _read_json(path: str) -> dict:
-    from autosp.planner.plan import read_json
+    from autosp.files import read_json
 
     data = read_json(path)
     if not isinstance(data, dict):
@@ -40,7 +41,7 @@ def _read_json(path: str) -> dict:
 def load_artifact(path: str) -> Artifact:
     data = _read_json(path)
     if "schema_version" in data and "candidate" in data:
-        from autosp.planner.plan import plan_from_dict
+        from autosp.contract.plan import plan_from_dict
 
         try:
             plan = plan_from_dict(data)
@@ -60,23 +61,32 @@ def load_artifact(path: str) -> Artifact:
                      "by autosp-plan --ds-config (it has no 'autosp' section)")
 
 
+def _section_knobs(a: dict, zero: dict) -> dict:
+    """The knobs of the ``autosp`` section (the knob table's ``ds_key`` column): those every config carried from the
+    first are required and coerced, the later ones default when missing and are not coerced ("4" or "yes" are
+    refused); an offload missing from the section is read from DeepSpeed's own zero_optimization."""
+    out = {}
+    for knob in KNOBS:
+        if not knob.ds_key:
+            continue
+        if knob.ds_required:
+            value = a[knob.ds_key]
+            out[knob.name] = knob.kind(value) if knob.kind is not str else value
+        elif knob.ds_zero_key:  # an offload DeepSpeed's zero_optimization carries too
+            out[knob.name] = bool(a.get(knob.ds_key, (zero.get(knob.ds_zero_key) or {}).get("device", "none")
+                                        not in ("none", None)))
+        elif knob.ds_key in a:
+            out[knob.name] = a[knob.ds_key]
+    return out
+
+
 def _ds_artifact(path: str, data: dict) -> Artifact:
     a = data["autosp"]
     zero = data.get("zero_optimization") or {}
     try:
-        offload = a.get("offload_optimizer",
-                        (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None))
-        param = a.get("offload_param",
-                      (zero.get("offload_param") or {}).get("device", "none") not in ("none", None))
-        cand = Candidate(sp=int(a["sp"]), dp=int(a["dp"]), zero_stage=int(zero.get("stage", 0)),
+        cand = Candidate(**_section_knobs(a, zero), zero_stage=int(zero.get("stage", 0)),
                          micro_batch=int(data["train_micro_batch_size_per_gpu"]),
-                         grad_accum=int(data.get("gradient_accumulation_steps", 1)),
-                         checkpointing=a["checkpointing"], mlp_chunks=int(a["mlp_chunks"]),
-                         loss_chunks=int(a["loss_chunks"]), offload_activations=bool(a["offload_activations"]),
-                         overlap=a["overlap"], offload_optimizer=bool(offload), ring=int(a.get("ring", 1)),
-                         sequence_chunks=a.get("sequence_chunks", 1),  # not coerced: "4" or "yes" are refused
-                         offload_chunks=a.get("offload_chunks", False), offload_param=bool(param),
-                         ep=a.get("ep", 1))  # not coerced either
+                         grad_accum=int(data.get("gradient_accumulation_steps", 1)))
         dtype = a.get("dtype") or ("bf16" if (data.get("bf16") or {}).get("enabled") else "fp32")
         if "global_batch" in a:
             global_batch = a["global_batch"]

@@ -157,7 +157,7 @@ def check(path: str, *, tolerance="5%", ignore_versions: bool = False, best_out:
                 reasons.append(f"produced by another version: {what}")
 
     if best is not None and best_out:
-        from autosp.planner.plan import save_plan
+        from autosp.contract.plan import save_plan
 
         save_plan(best, best_out)
     return _verdict(status, art, t, reason, est, best, gap, tol, now_versions, changes, reasons, notes, best_out)
@@ -290,7 +290,8 @@ def select(candidates, *, tolerance=None, plan_out: str | None = None, ds_config
                                f"the selected {chosen[0].path}, beyond the {_pct(tol)} tolerance")
     written = []
     if chosen is not None and (plan_out or ds_config):
-        from autosp.planner.plan import Plan, RunnerUp, write_outputs
+        from autosp.contract.plan import Plan, RunnerUp
+        from autosp.planner.ds_config import write_outputs
         from autosp.planner.search.space import SPACE_VERSION
         from autosp.planner.versions import code_version, cost_model_version
 

@@ -7,7 +7,8 @@ import itertools
 import math
 from dataclasses import replace
 
-from autosp.cost_models.specs import Candidate, Estimate
+from autosp.contract.knobs import BY_NAME, lean_alternatives, lean_knobs
+from autosp.contract.specs import Candidate, Estimate
 from autosp.errors import UsageError
 from autosp.units import format_gib, format_tokens
 
@@ -33,13 +34,16 @@ def _leanest(space, seq_len: int):
         seq = max(per["sequence_chunks"] or (1,))
         offloads = [(True, 1, False), (False, 1, False), (False, seq, False), (False, seq, True)]
         eps = sorted({per["ep"][0], per["ep"][-1]})  # no expert parallelism, or the most (cost_models/moe.py)
-        for ckpt, (offload, chunks, chunk_off), optim, (zero, loss), ep in itertools.product(
-                ("full", "sequence"), offloads, (True, False), sorted(zero_loss), eps):
-            cand = target.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
-                               checkpointing=ckpt, mlp_chunks=max(per["mlp_chunks"] or (1,)),
-                               loss_chunks=loss, offload_activations=offload,
-                               overlap="none", offload_optimizer=optim, sequence_chunks=chunks,
-                               offload_chunks=chunk_off and chunks > 1, ep=ep)
+        # every knob at its lean value (autosp.contract.knobs), then the variations that trade one memory for
+        # another: checkpointing, the offloads (they share the host's memory), ZeRO stage with loss tiling, ep
+        lean = lean_knobs({name: values or (BY_NAME[name].default,) for name, values in per.items()})
+        params = lean_alternatives("offload_param", per["offload_param"] or (False,))
+        for ckpt, (offload, chunks, chunk_off), optim, (zero, loss), ep, param in itertools.product(
+                ("full", "sequence"), offloads, (True, False), sorted(zero_loss), eps, params):
+            cand = target.make(**dict(lean, sp=sp, ring=ring, zero_stage=zero, checkpointing=ckpt, loss_chunks=loss,
+                                      offload_activations=offload, overlap="none", offload_optimizer=optim,
+                                      sequence_chunks=chunks, offload_chunks=chunk_off and chunks > 1, ep=ep,
+                                      offload_param=param))
             if target.reason(cand):
                 continue
             est = evaluator(cand)

@@ -21,7 +21,7 @@ tests/planner/test_ds_config.py), so the section rides along in the same file; `
 the compiler read it. The config deliberately has no ``sequence_parallel_size`` key: with it (and no mpu)
 DeepSpeed would divide its world size by sp and reject these batch sizes.
 
-Everything but the ``autosp`` section comes from :func:`autosp.cost_models.deepspeed_config.deepspeed_config`,
+Everything but the ``autosp`` section comes from :func:`autosp.contract.deepspeed_config.deepspeed_config`,
 the one builder ``autosp.compile`` uses too (its module doc lists the defaults, gradient clipping at 1.0
 among them, and how to override them): the same bucket sizes the cost model charges memory and time for,
 ZeRO-Offload of the optimizer when the plan asks for it (DeepSpeed then insists on its CPU Adam,
@@ -33,7 +33,11 @@ from __future__ import annotations
 
 import json
 
-from autosp.cost_models.deepspeed_config import deepspeed_config as run_config
+from autosp.contract.plan import save_plan
+from autosp.files import write_text
+
+from autosp.contract.knobs import KNOBS
+from autosp.contract.deepspeed_config import deepspeed_config as run_config
 
 
 def deepspeed_config(plan) -> dict:
@@ -41,6 +45,14 @@ def deepspeed_config(plan) -> dict:
     c, w = plan.candidate, plan.workload
     world = c.dp * c.sp
     sequences = c.micro_batch * c.grad_accum * c.dp
+    knobs = {}
+    for knob in KNOBS:  # the table's knobs with a key here (ZeRO stage, micro-batch, grad accum are DeepSpeed's)
+        if knob.ds_key:
+            knobs[knob.ds_key] = getattr(c, knob.name)
+        if knob.name == "sp":
+            knobs["ulysses"] = c.ulysses
+        elif knob.name == "dp":
+            knobs.update(seq_len=w.seq_len, sequences_per_step=sequences, tokens_per_step=sequences * w.seq_len)
     return {
         **run_config(c, w.dtype, n_params=plan.model.n_params()),
         "autosp": {
@@ -48,23 +60,7 @@ def deepspeed_config(plan) -> dict:
                      "sequence shards (sp per sequence). Sequences per optimizer step: "
                      "sequences_per_step."),
             "world_size": world,
-            "sp": c.sp,
-            "ulysses": c.ulysses,
-            "ring": c.ring,
-            "dp": c.dp,
-            "seq_len": w.seq_len,
-            "sequences_per_step": sequences,
-            "tokens_per_step": sequences * w.seq_len,
-            "checkpointing": c.checkpointing,
-            "mlp_chunks": c.mlp_chunks,
-            "loss_chunks": c.loss_chunks,
-            "offload_activations": c.offload_activations,
-            "overlap": c.overlap,
-            "offload_optimizer": c.offload_optimizer,
-            "sequence_chunks": c.sequence_chunks,
-            "offload_chunks": c.offload_chunks,
-            "offload_param": c.offload_param,
-            "ep": c.ep,  # expert parallelism (mixture of experts; 1 = none)
+            **knobs,
             "dtype": w.dtype,
             "model": plan.model.name,
             "model_fingerprint": plan.model.fingerprint(),
@@ -86,4 +82,17 @@ def deepspeed_config_json(plan) -> str:
     return json.dumps(deepspeed_config(plan), indent=2) + "\n"
 
 
-__all__ = ["deepspeed_config", "deepspeed_config_json"]
+def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
+    """Write the plan JSON (``plan_out``) and its DeepSpeed config (``ds_config``) when asked; the paths
+    written, in that order (for the report's "written" line)."""
+    written = []
+    if plan_out:
+        save_plan(plan, plan_out, "--plan-out")
+        written.append(plan_out)
+    if ds_config:
+        write_text(ds_config, deepspeed_config_json(plan), "--ds-config")
+        written.append(ds_config)
+    return written
+
+
+__all__ = ["deepspeed_config", "deepspeed_config_json", "write_outputs"]

@@ -5,25 +5,24 @@ from __future__ import annotations
 
 import math
 
-from autosp.cost_models.specs import Candidate, Estimate
-from autosp.planner.plan import RunnerUp
+from autosp.contract.knobs import KNOBS, family_of, knobs_of
+from autosp.contract.specs import Candidate, Estimate
+from autosp.contract.plan import RunnerUp
 from autosp.planner.shortfall import memory_shortfall
 from autosp.units import format_gib, format_seconds, format_tokens
 
 
 def _group(cand: Candidate) -> tuple:
-    return (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+    return family_of(cand)
 
 
 def differences(cand: Candidate, best: Candidate) -> str:
-    names = {"sp": "sp", "ring": "ring", "zero_stage": "ZeRO", "micro_batch": "micro-batch",
-             "grad_accum": "grad-accum", "checkpointing": "ckpt", "mlp_chunks": "mlp chunks",
-             "loss_chunks": "loss chunks", "offload_activations": "offload", "overlap": "overlap",
-             "offload_optimizer": "optimizer offload", "sequence_chunks": "sequence chunks",
-             "offload_chunks": "chunk offload", "offload_param": "parameter offload"}
     out = []
-    for field, label in names.items():
-        a, b = getattr(cand, field), getattr(best, field)
+    for knob in KNOBS:  # the table's short names; knobs without one are not compared
+        if not knob.short:
+            continue
+        label = knob.short
+        a, b = getattr(cand, knob.name), getattr(best, knob.name)
         if a != b:
             if isinstance(a, bool):
                 a, b = ("on" if a else "off"), ("on" if b else "off")
@@ -96,7 +95,7 @@ def explain_runner_ups(result, evaluator, objective: str, top_k: int) -> list[Ru
     for cand, est in chosen[:top_k]:
         max_ctx = None
         if objective == "max-ctx" and not est.fits:
-            knobs = {k: getattr(cand, k) for k in evaluator.space.KNOBS}
+            knobs = knobs_of(cand, evaluator.space.KNOBS)
             max_ctx = evaluator.max_context(evaluator.space.make(**dict(knobs, micro_batch=1)))
         out.append(RunnerUp(cand, est, lost_because(cand, est, best, best_est, result.seq_len, max_ctx)))
     return out

@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 DEFAULT_LAUNCHER = "{python} -m torch.distributed.run --standalone --nproc-per-node {world} -m autosp.compiler.train_cli"
@@ -134,7 +134,7 @@ def failure_reason(text: str) -> str:
 
 def run_one(plan, options: MeasureOptions, workdir: str, index: int) -> dict:
     """Run ``plan`` with autosp-train; {'status', and measured figures when status is 'ok'}."""
-    from autosp.planner.plan import save_plan
+    from autosp.contract.plan import save_plan
 
     c = plan.candidate
     world = c.sp * c.dp

@@ -1,6 +1,6 @@
 """Pinned knobs (``autosp-plan --fix KNOB=VALUE``): a team keeps its ZeRO stage, or prices the plan it runs today.
 
-A pin names any field of :class:`~autosp.cost_models.specs.Candidate` (the plan's ``candidate`` section, read
+A pin names any field of :class:`~autosp.contract.specs.Candidate` (the plan's ``candidate`` section, read
 from the dataclass, so a knob added there can be pinned without changes here) and a value written as in a plan
 file: ``8``, ``true`` / ``false``, ``full`` (or ``"full"``). :func:`parse_pins` checks each pin on its own (the
 field exists, the value has its type and passes the Candidate's own checks) and returns them as a sorted tuple of
@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, fields
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.knobs import BY_NAME, KNOBS, SEARCHED
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
-DERIVED = ("dp", "grad_accum")
+DERIVED = tuple(knob.name for knob in KNOBS if not knob.searched)
 """Candidate fields that follow from others (dp = world / sp; grad_accum from the global batch)."""
 
 
@@ -184,11 +185,11 @@ def _check_together(pins: dict) -> None:
     shown = format_pins(sorted(pins.items()))
     ring = pins.get("ring", 1)
     sp = pins.get("sp", ring * (1 if pins.get("overlap", "none") == "none" else 2))
-    knobs = {"sp": sp, "ring": ring, "zero_stage": 3, "micro_batch": 1, "checkpointing": "full", "mlp_chunks": 1,
-             "loss_chunks": 1, "offload_activations": False, "overlap": "none",
-             "offload_optimizer": pins.get("zero_stage", 3) >= 1,
-             "sequence_chunks": 4 if pins.get("offload_chunks") else 1, "offload_chunks": False,
-             "offload_param": False}  # what the pins need, where not pinned themselves
+    # every searched knob at its default but what the pins need, where not pinned themselves (ep is checked against
+    # the cluster by check_pins, not here)
+    knobs = dict({name: BY_NAME[name].default for name in SEARCHED if name != "ep"}, sp=sp, ring=ring, zero_stage=3,
+                 checkpointing="full", offload_optimizer=pins.get("zero_stage", 3) >= 1,
+                 sequence_chunks=4 if pins.get("offload_chunks") else 1)
     knobs.update({k: v for k, v in pins.items() if k in knobs})
     try:
         Candidate(**{**knobs, **{k: v for k, v in pins.items() if k in DERIVED}})

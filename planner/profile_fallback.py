@@ -30,7 +30,7 @@ import json
 import os
 from dataclasses import replace
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 from autosp.errors import UsageError
 from autosp.files import make_cache_dirs
 from autosp.messages import install_hint, one_line

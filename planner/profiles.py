@@ -27,7 +27,7 @@ import sys
 from dataclasses import replace
 
 from autosp.cost_models.profile import ModelProfile
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 from autosp.errors import UsageError
 from autosp.messages import one_line
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields, replace
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 from autosp.planner.artifacts import Artifact
 from autosp.planner.request import PlanRequest, ResolvedRequest, resolve, resolve_hardware

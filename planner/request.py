@@ -22,9 +22,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
+from autosp.contract.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
 from autosp.errors import UsageError
-from autosp.planner.plan import OBJECTIVES
+from autosp.contract.plan import OBJECTIVES
 from autosp.planner.search.optuna_search import DEFAULT_TRIALS, MAX_TRIALS
 from autosp.units import check_seed, parse_count, parse_ctx, parse_seconds
 
@@ -69,7 +69,7 @@ class PlanRequest:
     """Runner-ups to explain."""
     fix: tuple = ()
     """Pinned knobs (``--fix KNOB=VALUE``): ``["zero_stage=3", "checkpointing=full"]``, a dict or (name, value)
-    pairs of :class:`~autosp.cost_models.specs.Candidate` fields; held as sorted (name, value) pairs
+    pairs of :class:`~autosp.contract.specs.Candidate` fields; held as sorted (name, value) pairs
     (:mod:`autosp.planner.pins`). The search explores only plans that keep them."""
     doc_lens: object = None
     """Packed documents: a ``--doc-lens`` file (text lengths, JSON list, or JSON {length: count}), a list of

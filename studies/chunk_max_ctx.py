@@ -21,7 +21,7 @@ from pathlib import Path
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.estimate import estimate, max_seq_len
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Workload
+from autosp.contract.specs import CHECKPOINTING_POLICIES, Workload
 from autosp.planner.api import make_plan
 from autosp.planner.search.space import LOSS_CHUNKS, MLP_CHUNKS
 from autosp.units import format_seconds, format_tokens

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 MODEL = ModelSpec(name="chunk-llama-4l", n_layers=4, hidden=128, n_heads=4, n_kv_heads=2, head_dim=32,
                   ffn_hidden=352, vocab=512)
@@ -61,7 +61,7 @@ def _run(rank, world, rows):
     from autosp.compiler.api import compile_model
     from autosp.compiler.models import Llama
     from autosp.compiler.saved_memory import measure_saved
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
     from studies.measure import memory
 
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ import math
 
 from autosp.cost_models import memory
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, ModelSpec, Workload
+from autosp.contract.specs import Candidate, ModelSpec, Workload
 
 __all__ = ["predict", "TABLE_MODEL"]
 

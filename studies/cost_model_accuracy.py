@@ -22,7 +22,7 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 MODELS = [
     ModelSpec(name="acc-llama-2l-h256", n_layers=2, hidden=256, n_heads=8, n_kv_heads=4, head_dim=32,

@@ -22,7 +22,7 @@ import argparse
 from dataclasses import asdict
 import sys
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 # Big enough that matmuls, not per-op overheads, dominate a CPU step; 8 query heads so head_pipeline
 # has 4 local heads per rank to pipeline.

@@ -99,7 +99,7 @@ def predicted_saved_bytes(spec) -> tuple[float, float]:
     """(analytic MLP kept set at the active width, MoE extras) per token of one MoE layer, fp32, policy none."""
     from autosp.cost_models import moe
     from autosp.cost_models.profile import analytic_profile
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     prof = analytic_profile(spec)
     mlp = prof.kept_mlp[0].other * 4                      # 4 x (k x f_e) elements, fp32
@@ -193,7 +193,7 @@ def main() -> int:
     import tempfile
 
     from autosp.cost_models import moe
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     report, lines = {}, ["MoE cost terms: predicted by the cost model vs measured on CPU (fp32, transformers "
                          "eager blocks, gloo world 4); ratio = predicted / measured", ""]

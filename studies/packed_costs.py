@@ -22,7 +22,7 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 # the model of studies/knob_costs.py: matmuls, not per-op overheads, dominate a CPU step at 4k tokens
 MODEL = ModelSpec(name="study-llama-4l", n_layers=4, hidden=256, n_heads=8, n_kv_heads=4, head_dim=32,

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autosp.cost_models.specs import Candidate, from_dict
+from autosp.contract.specs import Candidate, from_dict
 from autosp.errors import InfeasibleError
 from autosp.planner.api import make_plan
 from autosp.units import format_gib, format_tokens
@@ -90,7 +90,7 @@ def _fits_without(model, hw, workload, cand, drop: tuple[str, ...]) -> bool:
 
 def what_if_max_ctx(model, hw, cand, drop: tuple[str, ...]) -> int:
     """Longest context (multiple of GRANULE) of ``cand`` with the ``drop`` memory components off the GPU."""
-    from autosp.cost_models.specs import Workload
+    from autosp.contract.specs import Workload
 
     def ok(units: int) -> bool:
         return _fits_without(model, hw, Workload(seq_len=units * GRANULE), cand, drop)

@@ -68,7 +68,7 @@ from pathlib import Path
 
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.cost_models.specs import Workload
+from autosp.contract.specs import Workload
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.search.exhaustive import exhaustive_throughput
 from autosp.planner.search.space import build_space

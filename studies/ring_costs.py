@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 WORLD = 4
 # Tiny so that long sequences run on 2 shared cores; 4 query heads so that U = 4 is possible, 2 KV heads so
@@ -158,7 +158,7 @@ def attention_part(seqs, repeats: int) -> list[dict]:
     from autosp.compiler import testing
     from autosp.cost_models import ring as ring_cost
     from autosp.cost_models.shapes import Shapes
-    from autosp.cost_models.specs import Candidate, Workload
+    from autosp.contract.specs import Candidate, Workload
 
     rows = []
     for seq in seqs:
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
         measured_wall = old.get("wall_s")
         from autosp.cost_models import ring as ring_cost
         from autosp.cost_models.shapes import Shapes
-        from autosp.cost_models.specs import Candidate, Workload
+        from autosp.contract.specs import Candidate, Workload
 
         for a in attention:
             sh = Shapes(MODEL, Workload(seq_len=a["seq"]), Candidate(sp=WORLD, ring=WORLD))

@@ -24,7 +24,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from autosp.cost_models.specs import Workload
+from autosp.contract.specs import Workload
 from autosp.planner.api import make_plan
 from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, ranked_at
 from autosp.planner.search.exhaustive import memory_lean_first

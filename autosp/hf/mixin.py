@@ -151,7 +151,7 @@ class SPTrainerMixin:
         model = innermost(self.model)
         refuse_softcapping(getattr(model, "config", None))
         windows = layer_windows(getattr(model, "config", None))
-        self._sp_layout = make_layout(c.sp, c.dp, c.ring)
+        self._sp_layout = make_layout(c)
         ctx, pad = attach_sp(model, c, self._sp_layout, grad_world_size=dist.get_world_size(), windows=windows,
                              backend=self._sp_backend)
         self._sp_target = _Target(model, self.args.device)

@@ -135,7 +135,7 @@ def plan_ds_config(candidate, dtype: str, n_params=None, pin_memory: bool = Fals
     model priced) with the batch sizes, clipping and precision left "auto" for the Trainer to fill from its
     TrainingArguments (which :func:`check_agreement` checked against the plan), and ZeRO-3 checkpoints saved
     as whole 16-bit weights so ``from_pretrained`` loads them."""
-    from autosp.cost_models.deepspeed_config import deepspeed_config
+    from autosp.contract.deepspeed_config import deepspeed_config
 
     config = deepspeed_config(candidate, dtype, n_params=n_params, pin_memory=pin_memory)
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",

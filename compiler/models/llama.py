@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 
 IGNORE_INDEX = -100
 

@@ -19,8 +19,8 @@ from autosp.compiler.passes.tiling_loss import loss_tiling_pass
 from autosp.compiler.passes.tiling_mlp import mlp_tiling_pass
 
 # The tiling passes run after the loss pass (loss tiling fuses the sum the loss pass made) and do
-# nothing unless their plan knob (ctx.mlp_chunks, ctx.loss_chunks) is above 1; the attention pass
-# applies ctx.overlap. The chunking pass (ctx.sequence_chunks > 1) runs last: it cuts out each decoder layer the
+# nothing unless their plan knob (ctx.candidate.mlp_chunks, ctx.candidate.loss_chunks) is above 1; the attention pass
+# applies ctx.candidate.overlap. The chunking pass (ctx.candidate.sequence_chunks > 1) runs last: it cuts out each decoder layer the
 # others made, all-to-alls, ring attention and tiled MLP included.
 PIPELINE = (mask_pass, position_pass, attention_pass, loss_pass, mlp_tiling_pass, loss_tiling_pass, check_pass,
             chunking_pass)

@@ -1,7 +1,7 @@
 """Attention pass: Ulysses all-to-alls around every ``scaled_dot_product_attention``, and ring attention
 inside them when the SP group has a ring.
 
-2-D SP (``ctx.ring_size`` R > 1, :mod:`autosp.compiler.groups`): the all-to-alls below run over the U =
+2-D SP (``ctx.candidate.ring`` R > 1, :mod:`autosp.compiler.groups`): the all-to-alls below run over the U =
 P / R ranks of the Ulysses group (P replaced by U everywhere below), after which every rank of a ring
 position holds that position's 2S/2R zigzag tokens (:mod:`autosp.compiler.attention.layout`) for H/U
 heads; each SDPA, whichever schedule built it, then becomes ``autosp_ops::ring_attention`` over the ring
@@ -176,9 +176,9 @@ def _peel_repeat_kv(node: fx.Node):
 
 
 def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    graph, p, group = gm.graph, ctx.ulysses_size, ctx.ulysses_group
-    ranks = "sequence-parallel ranks" if ctx.ring_size == 1 else "Ulysses ranks (sp_size / ring_size)"
-    ulysses = ctx.ring_size == 1 or p > 1
+    graph, p, group = gm.graph, ctx.candidate.ulysses, ctx.ulysses_group
+    ranks = "sequence-parallel ranks" if ctx.candidate.ring == 1 else "Ulysses ranks (sp_size / ring_size)"
+    ulysses = ctx.candidate.ring == 1 or p > 1
     fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
@@ -218,16 +218,16 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
                  f"n_kv % P == 0 or P % n_kv == 0)", node)
         local_q_heads, local_kv_heads = n_heads // p, n_kv * replicate // p
         plan = _Layer(graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads)
-        if ctx.overlap == "kv_async":
+        if ctx.candidate.overlap == "kv_async":
             _kv_async(plan)
-        elif ctx.overlap == "head_pipeline" and min(HEAD_PIPELINE_CHUNKS, local_q_heads) > 1:
+        elif ctx.candidate.overlap == "head_pipeline" and min(HEAD_PIPELINE_CHUNKS, local_q_heads) > 1:
             _head_pipeline(plan, min(HEAD_PIPELINE_CHUNKS, local_q_heads))
         else:  # none (or a head pipeline of one group: nothing to pipeline)
             _blocking(plan)
-        if ctx.overlap != "none":
+        if ctx.candidate.overlap != "none":
             ctx.stats.attention_overlapped += 1
         ctx.stats.attention += 1
-    if ctx.ring_size > 1:
+    if ctx.candidate.ring > 1:
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _ring_attention(graph, node, ctx)
     elif ctx.rule:
@@ -512,7 +512,7 @@ def pin_overlap_order(graph: fx.Graph) -> int:
 
 def inductor_config_patches(ctx: SPContext) -> dict:
     """``compile_fx(config_patches=...)`` for this engine: the window-pinning pass when overlapping."""
-    if ctx.overlap == "none":
+    if ctx.candidate.overlap == "none":
         return {}
     from torch._inductor.custom_graph_pass import CustomGraphPass
 

@@ -26,7 +26,7 @@ from torch import fx
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.attention import RING, SPAN, ring_wrapped, wrapped
 from autosp.compiler.passes.common import SDPA, SDPA_ARGS, SDPA_DEFAULTS, example, fail, is_call, normalized, where
-from autosp.cost_models.op_classes import is_matmul
+from autosp.contract.op_classes import is_matmul
 
 
 def _product_of_two(node: fx.Node) -> bool:
@@ -57,13 +57,13 @@ def check_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     sdpa = [n for n in gm.graph.nodes if is_call(n, SDPA)]
     rings = [n for n in gm.graph.nodes if is_call(n, {RING, SPAN})]
     for node in sdpa:
-        if ctx.ring_size > 1 or ctx.rule:
+        if ctx.candidate.ring > 1 or ctx.rule:
             fail("internal: attention left without ring or span-restricted attention", node)
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if not wrapped(node) or args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention left without its all-to-alls", node)
     for node in rings:
-        if not ring_wrapped(node, ulysses=ctx.ulysses_size > 1 or ctx.ring_size == 1):
+        if not ring_wrapped(node, ulysses=ctx.candidate.ulysses > 1 or ctx.candidate.ring == 1):
             fail("internal: ring attention left without its all-to-alls", node)
     if not ctx.fragments:
         if not sdpa and not rings:

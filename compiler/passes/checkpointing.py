@@ -18,7 +18,7 @@ its ``nn_module_stack`` whose path ends in an integer index (``model.layers.3``:
 their inputs. Under ZeRO-3 every layer is its own graph (the module stack then starts inside the layer):
 a fragment graph with attention and no indexed module is one layer.
 
-Policies (:data:`autosp.cost_models.specs.CHECKPOINTING_POLICIES`), per forward node of a layer:
+Policies (:data:`autosp.contract.specs.CHECKPOINTING_POLICIES`), per forward node of a layer:
 
 ==========  =====================================================  ==========================================
 policy      MUST_SAVE (never recomputed)                           MUST_RECOMPUTE
@@ -58,8 +58,8 @@ from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from autosp.compiler.passes.saved import owner_layer, residual_shapes, saved_values
-from autosp.cost_models.op_classes import KEEP_CLASSES, attention_kind, is_matmul
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+from autosp.contract.op_classes import KEEP_CLASSES, attention_kind, is_matmul
+from autosp.contract.specs import CHECKPOINTING_POLICIES
 from autosp.errors import UsageError
 
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})

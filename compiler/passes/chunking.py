@@ -145,7 +145,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
     s = ctx.local_len
     attention = [n for n in region if n in set(_attention_nodes(graph))]
     if len(attention) != 1:
-        fail(f"sequence_chunks={ctx.sequence_chunks}: a decoder layer has {len(attention)} attention ops; chunked "
+        fail(f"sequence_chunks={ctx.candidate.sequence_chunks}: a decoder layer has {len(attention)} attention ops; chunked "
              f"layers need exactly one (overlap=head_pipeline splits it: use overlap none or kv_async)", region[0])
     attn = attention[0]
     q, k, v, scale, returns_lse, rule, window = _attention_args(attn)
@@ -216,11 +216,11 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
     from autosp.compiler.attention.layout import chunk_sizes
 
     program = LayerProgram(
-        graph={length: program_for(length) for length in set(chunk_sizes(s, ctx.sequence_chunks))},
+        graph={length: program_for(length) for length in set(chunk_sizes(s, ctx.candidate.sequence_chunks))},
         chunk_dims=chunk_dims, outputs=out_specs,
         q_shape=tuple(example(q).shape), k_shape=tuple(example(k).shape), v_shape=tuple(example(v).shape),
-        dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=ctx.sequence_chunks,
-        offload=ctx.offload_chunks, global_len=ctx.global_len, ulysses=ctx.ulysses_size, ring=ctx.ring_size,
+        dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=ctx.candidate.sequence_chunks,
+        offload=ctx.candidate.offload_chunks, global_len=ctx.global_len, ulysses=ctx.candidate.ulysses, ring=ctx.candidate.ring,
         ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window)
     key = register(program)
 
@@ -243,7 +243,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
     for dead in reversed(region):
         graph.erase_node(dead)
     ctx.stats.notes.append(f"chunked layer {key_of}: {len(chunked)} chunked input(s), {len(weights)} parameter(s), "
-                           f"{ctx.sequence_chunks} chunks")
+                           f"{ctx.candidate.sequence_chunks} chunks")
 
 
 def _propagate_shapes(gm: fx.GraphModule, example_inputs) -> None:
@@ -263,7 +263,7 @@ def _propagate_shapes(gm: fx.GraphModule, example_inputs) -> None:
 
 
 def chunking_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    if ctx.sequence_chunks <= 1:
+    if ctx.candidate.sequence_chunks <= 1:
         return
     _propagate_shapes(gm, example_inputs)
     layers = _layers(gm, ctx)

@@ -204,7 +204,7 @@ def match_logits_loss(loss: fx.Node) -> dict:
 
 
 def loss_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    chunks = ctx.loss_chunks
+    chunks = ctx.candidate.loss_chunks
     if chunks <= 1:
         return
     graph = gm.graph

@@ -244,7 +244,7 @@ def match_mlp(down: fx.Node) -> dict | None:
 
 
 def mlp_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
-    chunks = ctx.mlp_chunks
+    chunks = ctx.candidate.mlp_chunks
     if chunks <= 1:
         return
     graph = gm.graph

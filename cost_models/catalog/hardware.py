@@ -1,4 +1,4 @@
-"""Hardware catalog: turn ``--hw ARG [--nodes K]`` into a :class:`~autosp.cost_models.specs.HardwareSpec`.
+"""Hardware catalog: turn ``--hw ARG [--nodes K]`` into a :class:`~autosp.contract.specs.HardwareSpec`.
 
 Grammar of ``ARG`` (case-insensitive; ``autosp-plan --list-hardware`` shows the names)::
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.accelerators import DATA_FILE, accelerator_table, common_sources
 from autosp.cost_models.catalog.hardware_checks import check_counts, validate_hardware, with_nodes
-from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec, from_dict
+from autosp.contract.specs import AcceleratorSpec, HardwareSpec, from_dict, hardware_from_dict
 from autosp.errors import UsageError
 from autosp.files import read_json, read_text
 
@@ -278,13 +278,6 @@ def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> Har
         file_nodes = nodes
     spec = _build(cluster_name, entry, dpn, file_nodes, f"cluster file {where}")
     return spec
-
-
-def hardware_from_dict(data: dict) -> HardwareSpec:
-    """A HardwareSpec from its ``dataclasses.asdict`` form (a hardware file, a plan's ``hardware``)."""
-    data = dict(data)
-    data["accelerator"] = from_dict(AcceleratorSpec, data["accelerator"])
-    return from_dict(HardwareSpec, data)
 
 
 def hardware_from_json(path: str | os.PathLike, nodes: int | None = None) -> HardwareSpec:

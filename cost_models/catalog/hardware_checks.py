@@ -19,7 +19,7 @@ import re
 import sys
 from dataclasses import replace
 
-from autosp.cost_models.specs import HardwareSpec
+from autosp.contract.specs import HardwareSpec
 from autosp.errors import UsageError
 
 __all__ = ["MAX_DEVICES", "MAX_DEVICES_PER_NODE", "LIMITS", "catalog_twin", "check_counts", "validate_hardware",

@@ -1,4 +1,4 @@
-"""Model catalog: turn ``--model ARG`` into a :class:`~autosp.cost_models.specs.ModelSpec`.
+"""Model catalog: turn ``--model ARG`` into a :class:`~autosp.contract.specs.ModelSpec`.
 
 ``ARG`` is one of
 
@@ -24,7 +24,7 @@ from autosp.cost_models.architectures import check_config
 from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.experts import moe_fields
 from autosp.cost_models.catalog.windows import sliding_layout
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 from autosp.errors import UsageError
 from autosp.files import read_json
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from autosp.errors import UsageError
 from autosp.planner.cache.schema import warn_once
-from autosp.planner.plan import Plan, plan_from_dict
+from autosp.contract.plan import Plan, plan_from_dict
 
 
 def _mismatch(plan: Plan, request: dict) -> str | None:

@@ -260,7 +260,7 @@ def main(argv=None) -> int:
     plan = plan_for(request, RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
                                         study_name=args.study_name, worker=args.worker_id, measure=measure))
 
-    from autosp.planner.plan import write_outputs
+    from autosp.planner.ds_config import write_outputs
 
     written = write_outputs(plan, args.plan_out, args.ds_config)
     if args.json:

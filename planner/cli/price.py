@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, fields
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 from autosp.planner.cli.args import ArgParser, check_output_path, request_fields
 
@@ -118,7 +118,7 @@ def configuration(resolved, start: dict, pins, retarget: bool = True) -> Candida
 def price_plan(resolved, cand: Candidate, pins, started: float):
     """(the Plan of ``cand`` on the request, priced; UsageError when a rule of the space forbids it)."""
     from autosp.planner.search.evaluator import Evaluator
-    from autosp.planner.plan import Plan
+    from autosp.contract.plan import Plan
     from autosp.planner.search.space import SPACE_VERSION, build_space, padding
     from autosp.planner.versions import code_version, cost_model_version
 
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
     fits = plan.estimate.fits
     written = []
     if fits:
-        from autosp.planner.plan import write_outputs
+        from autosp.planner.ds_config import write_outputs
 
         written = write_outputs(plan, args.plan_out, args.ds_config)
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from autosp.contract.knobs import REPORT_ROWS
 from autosp.units import GIB, format_gib, format_seconds, format_tokens
 
 BAR_WIDTH = 24
@@ -142,27 +143,16 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
 
     sequences = c.micro_batch * c.grad_accum * c.dp
     lines.append("Plan")
-    rows = [
-        layout_row(plan, times),
-        ("ZeRO stage", str(c.zero_stage)),
-        (f"micro-batch {times} grad accum", f"{c.micro_batch} {times} {c.grad_accum}   ({sequences} sequence"
-                                           f"{'s' if sequences != 1 else ''}, {sequences * w.seq_len:,} tokens per step)"),
-        ("activation checkpointing", c.checkpointing),
-        ("MLP tiling", f"{c.mlp_chunks} chunk{'s' if c.mlp_chunks != 1 else ''}"),
-        ("logits+loss tiling", f"{c.loss_chunks} chunk{'s' if c.loss_chunks != 1 else ''}"),
-        ("activation offload", "on (checkpointed tensors to host memory)" if c.offload_activations else "off"),
-        ("sequence chunks", (f"{c.sequence_chunks} per layer ("
-                             + ("only their inputs kept, each layer re-run in its backward)" if c.checkpointing == "full"
-                                else "kept whole: input, K/V and attention output per chunk)"))
-         if c.sequence_chunks > 1 else "off (1)"),
-        ("chunk offload", "on (chunks' saved tensors and keys/values in pinned host memory)"
-         if c.offload_chunks else "off"),
-        ("all-to-all overlap", c.overlap),
-        ("optimizer offload", "on (ZeRO-Offload: master weights, Adam states and step on the host; "
-                              "use DeepSpeed's CPU Adam)" if c.offload_optimizer else "off"),
-        ("parameter offload", "on (ZeRO-3 offload_param: bf16 weights on the host, fetched layer by layer)"
-                              if c.offload_param else "off"),
-    ]
+    rows = []
+    for knob in REPORT_ROWS:  # the knob table's rows, in its report order
+        if knob.name == "sp":
+            rows.append(layout_row(plan, times))
+        elif knob.name == "micro_batch":
+            rows.append((f"micro-batch {times} grad accum",
+                         f"{c.micro_batch} {times} {c.grad_accum}   ({sequences} sequence"
+                         f"{'s' if sequences != 1 else ''}, {sequences * w.seq_len:,} tokens per step)"))
+        else:
+            rows.append((knob.label, knob.describe(getattr(c, knob.name), c)))
     if getattr(m, "n_experts", 0):
         rows.insert(1, ("expert parallel", expert_row(plan)))
     why = layout_why(plan)
@@ -263,7 +253,7 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
 
 def _measured_lines(measured: dict, chosen) -> list[str]:
     """The predicted-vs-measured table of ``--measure``."""
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     lines = [f"Measured (autosp-train, {measured.get('warmup_steps')} warm-up + {measured.get('steps')} steps, "
              f"backend {measured.get('backend')}; chosen by {measured.get('chosen_by')})"]

@@ -18,7 +18,8 @@ import itertools
 import numpy as np
 
 from autosp.cost_models import bulk
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
+from autosp.contract.knobs import BY_NAME, SIMPLICITY, knobs_of
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 
 BULK_EXHAUSTIVE_CANDIDATES = 1_500_000
@@ -32,8 +33,6 @@ model, whose ranking (:func:`~autosp.planner.search.evaluator.rank_key`) then de
 MAX_RESCORED = 4_000
 """At most this many candidates of a space go back to the scalar model (ties of a family beyond it are left out)."""
 
-_ROW_ORDER = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing", "mlp_chunks", "loss_chunks",
-              "offload_chunks", "offload_activations", "overlap")
 
 
 def supported(space) -> bool:
@@ -51,22 +50,19 @@ def space_groups(space):
     with checkpointing and overlap as indices into CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES."""
     policy_index = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
     overlap_index = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
+    kinds = {name: bool if BY_NAME[name].kind is bool else np.int64 for name in bulk.ROW_KNOBS}
     selective = (policy_index["selective"], policy_index["sequence"])
     none, head_pipeline = policy_index["none"], overlap_index["head_pipeline"]
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
         if per is None:
             continue
-        axes = [np.asarray(per["zero_stage"], dtype=np.int64), np.asarray(per["offload_optimizer"], dtype=bool),
-                np.asarray(per["offload_param"], dtype=bool),
-                np.asarray([policy_index[p] for p in per["checkpointing"]], dtype=np.int64),
-                np.asarray(per["mlp_chunks"], dtype=np.int64), np.asarray(per["loss_chunks"], dtype=np.int64),
-                np.asarray(per["offload_chunks"], dtype=bool), np.asarray(per["offload_activations"], dtype=bool),
-                np.asarray([overlap_index[o] for o in per["overlap"]], dtype=np.int64)]
+        axes = [np.asarray([BY_NAME[name].order_key(v) for v in per[name]], dtype=kinds[name])
+                for name in bulk.ROW_KNOBS]
         if any(len(a) == 0 for a in axes):
             continue
         grid = np.meshgrid(*axes, indexing="ij")
-        rows = {k: g.ravel() for k, g in zip(_ROW_ORDER, grid)}
+        rows = {k: g.ravel() for k, g in zip(bulk.ROW_KNOBS, grid)}
         zero, opt, param, ckpt = rows["zero_stage"], rows["offload_optimizer"], rows["offload_param"], rows["checkpointing"]
         keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
         keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
@@ -79,20 +75,16 @@ def space_groups(space):
                 mask &= ~np.isin(ckpt, selective) & (rows["overlap"] != head_pipeline)
             if not mask.any():
                 continue
-            base = space.make(sp=sp, ring=ring, zero_stage=0, micro_batch=micro, checkpointing="none", mlp_chunks=1,
-                              loss_chunks=1, offload_activations=False, overlap="none", sequence_chunks=seq)
+            base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq)  # row knobs at their defaults
             yield base, {k: v[mask] for k, v in rows.items()}
 
 
 def _candidate(space, base, rows: dict, i: int):
-    return space.make(sp=base.sp, ring=base.ring, micro_batch=base.micro_batch, sequence_chunks=base.sequence_chunks,
-                      zero_stage=int(rows["zero_stage"][i]), offload_optimizer=bool(rows["offload_optimizer"][i]),
-                      offload_param=bool(rows["offload_param"][i]),
-                      checkpointing=CHECKPOINTING_POLICIES[int(rows["checkpointing"][i])],
-                      mlp_chunks=int(rows["mlp_chunks"][i]), loss_chunks=int(rows["loss_chunks"][i]),
-                      offload_chunks=bool(rows["offload_chunks"][i]),
-                      offload_activations=bool(rows["offload_activations"][i]),
-                      overlap=OVERLAP_SCHEDULES[int(rows["overlap"][i])])
+    knobs = {}
+    for name in bulk.ROW_KNOBS:  # decode the row's arrays: enumerated knobs are indices into the table's values
+        knob, value = BY_NAME[name], rows[name][i]
+        knobs[name] = knob.values[int(value)] if knob.kind is str else knob.kind(value)
+    return space.make(**dict(knobs_of(base), **knobs))  # the group's shape knobs from its base
 
 
 def score_space(space):
@@ -109,10 +101,9 @@ def score_space(space):
         layout = layouts.setdefault((base.sp, base.ring), len(layouts))
         family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
         k = len(family)
-        simple = (rows["offload_param"], rows["offload_optimizer"], rows["offload_chunks"], rows["offload_activations"],
-                  rows["checkpointing"], np.full(k, base.sequence_chunks), rows["mlp_chunks"], rows["loss_chunks"],
-                  rows["overlap"], rows["zero_stage"], np.full(k, base.micro_batch), np.full(k, base.grad_accum),
-                  np.full(k, -base.sp), np.full(k, base.ring))
+        # the knob table's simplicity order: row knobs from their arrays, the group's shape knobs repeated
+        simple = [(rows[knob.name] if knob.name in rows else np.full(k, knob.order_key(getattr(base, knob.name))))
+                  * (-1 if knob.high_is_simpler else 1) for knob in SIMPLICITY]
         parts.append((np.full(k, g), np.arange(k), family, out.tokens_per_second, out.memory, out.fits,
                       np.stack([np.asarray(a, dtype=np.int64) for a in simple])))
     names = ("group", "row", "family", "tps", "memory", "fits")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, Estimate, Workload
+from autosp.contract.knobs import simplicity_key
+from autosp.contract.specs import Candidate, Estimate, Workload
 
 CTX_GRANULE = 1024
 """Resolution of the max-ctx search, in tokens."""
@@ -26,11 +27,9 @@ MAX_CTX = 2**34
 
 
 def simplicity(cand: Candidate) -> tuple:
-    """Sort key: fewer moving parts first (used only to break exact ties deterministically)."""
-    return (cand.offload_param, cand.offload_optimizer, cand.offload_chunks, cand.offload_activations,
-            CHECKPOINTING_POLICIES.index(cand.checkpointing), cand.sequence_chunks, cand.mlp_chunks,
-            cand.loss_chunks, OVERLAP_SCHEDULES.index(cand.overlap), cand.zero_stage, cand.micro_batch,
-            cand.grad_accum, -cand.sp, cand.ring)
+    """Sort key: fewer moving parts first (used only to break exact ties deterministically): the knob table's
+    simplicity order (autosp.contract.knobs.SIMPLICITY)."""
+    return simplicity_key(cand)
 
 
 def rank_key(cand: Candidate, est: Estimate) -> tuple:

@@ -10,7 +10,7 @@ against, and the right tool when the space is small or the answer must be provab
 
 from __future__ import annotations
 
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+from autosp.contract.knobs import lean_first_key
 from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, ranked_at
 
 
@@ -28,10 +28,8 @@ def exhaustive_throughput(space, evaluator: Evaluator, seq_len: int | None = Non
 
 
 def memory_lean_first(cand) -> tuple:
-    return (-cand.offload_param, -cand.offload_optimizer, -cand.zero_stage,
-            -CHECKPOINTING_POLICIES.index(cand.checkpointing), -cand.offload_chunks, -cand.sequence_chunks,
-            -cand.offload_activations,
-            -cand.mlp_chunks, -cand.loss_chunks, -cand.sp, -cand.ring, cand.overlap)
+    """Leanest first: the knob table's lean-first order (autosp.contract.knobs.LEAN_FIRST)."""
+    return lean_first_key(cand)
 
 
 def longest_context(space, evaluator: Evaluator, label: str = "max-ctx") -> tuple[int, dict]:

@@ -11,8 +11,7 @@ by ``studies/sweep_quality.py``):
   undialed point of a family (fewest chunks, no offload) bounds the tokens/s of every point of it;
 - more tiling and a higher ZeRO stage only save device memory, and so do the offloads, but the two offloads
   share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
-  stage (and the highest below 3, where a tied model may tile its loss), with each offload pair
-  (:data:`OFFLOADS`).
+  stage (and the highest below 3, where a tied model may tile its loss), with each offload on or off.
 
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
 families are completed (:func:`~autosp.planner.search.moves.complete`: the greedy dial walk) best bound first,
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 
+from autosp.contract.knobs import BY_NAME, LEAN_NEST, STRUCTURAL, STRUCTURE, fast_dials, lean_alternatives
 from autosp.planner.search.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import DIAL_KNOBS, complete
 from autosp.planner.search.space import chunk_overlap
@@ -38,37 +38,20 @@ from autosp.planner.search.space import chunk_overlap
 CLIMB_STEPS = 8
 """Moves of the light climb after the branch and bound (it rarely takes more than two)."""
 
-CLIMB_KNOBS = ("micro_batch", "overlap", "zero_stage") + DIAL_KNOBS
-"""What the light climb moves; the first three are structural (the dials are re-chosen after them)."""
-
-
-def _first(values, preferred):
-    """``preferred`` when the space offers it, else the space's first choice (a pinned knob has one)."""
-    return preferred if preferred in values else values[0]
+CLIMB_KNOBS = tuple(k for k in STRUCTURAL if BY_NAME[k].role == STRUCTURE and k != "checkpointing") + DIAL_KNOBS
+"""What the light climb moves: the structure knobs of the table but checkpointing (ZeRO stage, micro-batch,
+overlap; the layout and the checkpointing policy stay), then the dials, which are re-chosen after a structural
+move."""
 
 
 def undialed(space, per: dict, **structure):
     """The fastest point of a structure: fewest chunks, no offload (as far as the space allows)."""
-    return space.make(**structure, mlp_chunks=per["mlp_chunks"][0], loss_chunks=per["loss_chunks"][0],
-                      offload_activations=_first(per["offload_activations"], False),
-                      offload_optimizer=_first(per["offload_optimizer"], False),
-                      sequence_chunks=per["sequence_chunks"][0] if per["sequence_chunks"] else 1,
-                      offload_chunks=_first(per["offload_chunks"], False),
-                      offload_param=_first(per.get("offload_param", (False,)), False), **_ep(per, structure))
-
-
-def _ep(per: dict, structure: dict) -> dict:
-    """The structure's expert-parallel degree, else the space's first (1 for a dense model)."""
-    return {} if "ep" in structure else {"ep": per.get("ep", (1,))[0]}
-
-
-OFFLOADS = ((True, True), (True, False), (False, True), (False, False))
-"""(activation, optimizer) offload of a family's leanest points, tried in turn: both offloads share the host's
-memory, so at the longest contexts dropping one can fit where both do not."""
+    dials = {k: v for k, v in fast_dials(per).items() if k not in structure}
+    return space.make(**structure, **dials)
 
 
 def _lean_points(space, per: dict, tiles: int | None = None, **structure):
-    """The leanest points of a structure, one per offload pair (:data:`OFFLOADS`) and sequence-chunking choice
+    """The leanest points of a structure, one per offload pair and sequence-chunking choice
     (the most chunks, their saved tensors offloaded or kept, or no chunks: chunked layers need checkpointing
     none or full, and offloaded chunks share the host's memory with the other offloads); ``tiles``: use the
     first ``tiles`` tiling levels only (default all). A tied model keeps its loss untiled at ZeRO 3."""
@@ -78,24 +61,18 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     if tiles is not None:
         mlp, loss = mlp[:min(tiles, len(mlp))], loss[:min(tiles, len(loss))]
     loss_chunks = loss[-1] if zero3_loss_ok(space.model, structure["zero_stage"], loss[-1]) else 1
-    chunking = [(1, False)]
-    if per.get("sequence_chunks") and per["sequence_chunks"][-1] > 1:
-        most = per["sequence_chunks"][-1]
-        chunking = [(most, off) for off in (True, False) if off in per["offload_chunks"]] + chunking
-    params = [p for p in (True, False) if p in per.get("offload_param", (False,))]  # weights on the host first
-    # the most experts sharded (leanest below ZeRO-3) and none (no imbalance margin, no dispatch buffers)
-    eps = [structure["ep"]] if "ep" in structure else sorted({per.get("ep", (1,))[-1], per.get("ep", (1,))[0]},
-                                                               reverse=True)
-    base = {k: v for k, v in structure.items() if k != "ep"}
+    # each dial of the table's lean nesting (autosp.contract.knobs.LEAN_NEST), leanest value first: the most chunks
+    # or none, each offload on or off (they share the host's memory), the most experts sharded or none
+    alternatives = [(structure[name],) if name in structure else
+                    lean_alternatives(name, per.get(name) or (BY_NAME[name].default,)) for name in LEAN_NEST]
+    base = {k: v for k, v in structure.items() if k not in LEAN_NEST}
     seen = set()
-    for (seq, seq_off), (act, opt), param, ep in itertools.product(chunking, OFFLOADS, params, eps):
-        if act not in per["offload_activations"] or opt not in per["offload_optimizer"]:
-            continue
+    for values in itertools.product(*alternatives):
+        dials = dict(zip(LEAN_NEST, values))
         # sequence chunks take kv_async where the structure has head_pipeline (else every chunked point is invalid
         # and a family that fits only chunked is screened out)
-        cand = space.make(**dict(base, overlap=chunk_overlap(base["overlap"], seq)), mlp_chunks=mlp[-1],
-                          loss_chunks=loss_chunks, offload_activations=act, offload_optimizer=opt, sequence_chunks=seq,
-                          offload_chunks=seq_off, offload_param=param, ep=ep)
+        cand = space.make(**dict(base, overlap=chunk_overlap(base["overlap"], dials["sequence_chunks"])),
+                          mlp_chunks=mlp[-1], loss_chunks=loss_chunks, **dials)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand
@@ -121,7 +98,7 @@ def _families(space):
     """(sp, ring, per-layout choices, ZeRO stage, checkpointing) of every structure family."""
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
-        if per is None or not all(per[k] for k in ("micro_batch", "mlp_chunks", "loss_chunks", "overlap")):
+        if per is None or not all(per.values()):
             continue  # a knob (pinned, or tiled too finely here) has no value that goes with this layout
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             yield sp, ring, per, zero, ckpt

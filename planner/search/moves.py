@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from autosp.contract.knobs import BY_NAME, DIALS, MEMORY_STEPS, fast_dials
+from autosp.contract.knobs import knobs_of as table_knobs_of
 from autosp.planner.search.space import chunk_overlap
 
 
 def knobs_of(space, cand) -> dict:
-    return {k: getattr(cand, k) for k in space.KNOBS}
+    return table_knobs_of(cand, space.KNOBS)
 
 
 def single_moves(space, cand, stronger: bool) -> list:
@@ -34,19 +36,13 @@ def single_moves(space, cand, stronger: bool) -> list:
         for value in (values[i + 1:] if up else values[:i]):
             moves.append(dict(knobs, **{name: value}))
 
-    for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
-        step(name, up=stronger)
-    step("micro_batch", up=not stronger)
+    for name in MEMORY_STEPS:  # the table's memory-saving direction of each counted or enumerated knob
+        step(name, up=stronger == (BY_NAME[name].memory_step > 0))
+    for name in DIALS:  # the offloads: switched on (off) where the canonical form lets them
+        if BY_NAME[name].kind is bool and BY_NAME[name].memory_step and getattr(cand, name) != stronger:
+            moves.append(dict(knobs, **{name: stronger}))
     for move in moves:  # sequence chunks take kv_async where head_pipeline was
         move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
-    if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
-        moves.append(dict(knobs, offload_chunks=stronger))
-    if cand.checkpointing != "none" and cand.offload_activations != stronger:
-        moves.append(dict(knobs, offload_activations=stronger))
-    if cand.zero_stage >= 1 and cand.offload_optimizer != stronger:
-        moves.append(dict(knobs, offload_optimizer=stronger))
-    if cand.zero_stage == 3 and cand.offload_optimizer and cand.offload_param != stronger:
-        moves.append(dict(knobs, offload_param=stronger))
     out = []
     for knob_set in moves:
         other = space.make(**knob_set)
@@ -87,10 +83,9 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
     return current
 
 
-DIAL_KNOBS = ("mlp_chunks", "loss_chunks", "offload_activations", "offload_optimizer", "sequence_chunks",
-              "offload_chunks", "offload_param", "ep")
+DIAL_KNOBS = DIALS
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
-overlap); :func:`complete` sets them for a structure."""
+overlap): the knob table's dials (autosp.contract.knobs); :func:`complete` sets them for a structure."""
 
 
 WALK_SPEED_FLOOR = 1e-3
@@ -120,10 +115,7 @@ def _walk(space, cand, estimate):
     of speed lost, until the walk itself fits. Returns the fastest fitting point seen, or None."""
     choices = space.choices()
     # the fastest dial the space offers (a pinned dial has one value)
-    knobs = dict(knobs_of(space, cand), mlp_chunks=choices["mlp_chunks"][0], loss_chunks=choices["loss_chunks"][0],
-                 sequence_chunks=choices["sequence_chunks"][0],
-                 **{k: False if False in choices[k] else choices[k][0]
-                    for k in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param")})
+    knobs = {**knobs_of(space, cand), **fast_dials(choices), "ep": cand.ep}  # complete() walks each ep apart
     current = space.make(**knobs)
     if space.reason(current):
         return None
@@ -141,7 +133,7 @@ def _walk(space, cand, estimate):
             break
         base = knobs_of(space, current)
         options = []
-        for name in ("mlp_chunks", "loss_chunks", "sequence_chunks"):
+        for name in (n for n in MEMORY_STEPS if n in DIALS):  # the next tiling or chunking level
             values = choices[name]
             i = values.index(base[name])
             if i + 1 < len(values):

@@ -46,6 +46,7 @@ import time
 import warnings
 from dataclasses import asdict, replace
 
+from autosp.contract.knobs import FAMILY, family_of, fast_dials, lean_knobs
 from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 from autosp.planner.search.moves import DIAL_KNOBS, complete, hill_climb, knobs_of
 
@@ -111,10 +112,11 @@ def warm_starts(space) -> list[dict]:
     if not all(choices.values()):
         return []  # pins that exclude each other: no start
     sp = max(choices["sp"])
-    lean = dict(sp=sp, ring=node_local_ring(space, sp), zero_stage=3, micro_batch=min(choices["micro_batch"]),
-                checkpointing="full", mlp_chunks=max(choices["mlp_chunks"]), loss_chunks=max(choices["loss_chunks"]),
-                offload_activations=True, overlap="none", offload_optimizer=True, sequence_chunks=1,
-                offload_chunks=False, offload_param=True)
+    # every knob at its lean value (autosp.contract.knobs), layers unchunked (the chunked starts follow), the
+    # node-local ring split of the largest sp, no expert parallelism, no overlap
+    lean = dict(lean_knobs(choices), sp=sp, ring=node_local_ring(space, sp), overlap="none", sequence_chunks=1,
+                offload_chunks=False)
+    lean.pop("ep", None)
     # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
     # layer in its backward offloaded; and chunked layers kept whole in host memory
     chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
@@ -231,9 +233,7 @@ def structure_sweep(space, estimate) -> None:
             continue  # no micro-batch or overlap schedule of the space (a pinned one) goes with this layout
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             complete(space, space.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=min(per["micro_batch"]),
-                                       checkpointing=ckpt, mlp_chunks=1, loss_chunks=1, offload_activations=False,
-                                       overlap=per["overlap"][-1], offload_optimizer=False, sequence_chunks=1,
-                                       offload_chunks=False), estimate)
+                                       checkpointing=ckpt, overlap=per["overlap"][-1], **fast_dials()), estimate)
 
 
 def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS, best_of=None):
@@ -245,12 +245,11 @@ def family_sweep(space, ranked, estimate, budget: int = FAMILY_SWEEP_EVALUATIONS
     planner/search/bulk_search.py), which is then the only one scored through ``estimate``."""
     spent, seen, best = 0, set(), None
     for cand, _ in ranked:
-        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+        family = family_of(cand)
         if family in seen:
             continue
         seen.add(family)
-        members = replace(space, sp=(cand.sp,), ring=(cand.ring,), zero_stage=(cand.zero_stage,),
-                          checkpointing=(cand.checkpointing,))
+        members = replace(space, **{name: (value,) for name, value in zip(FAMILY, family)})
         size = members.size()
         if spent + size > budget:
             continue
@@ -269,7 +268,7 @@ def _distinct_starts(ranked, k: int) -> list:
     starts, families, policies = [], set(), set()
     fitting = [cand for cand, est in ranked if est.fits]
     for cand in fitting:
-        family = (cand.sp, cand.ring, cand.zero_stage, cand.checkpointing)
+        family = family_of(cand)
         if family not in families:
             families.add(family)
             policies.add(cand.checkpointing)

@@ -32,7 +32,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 RETRIES = 6

@@ -1,6 +1,6 @@
 """The search space: which candidates exist for a (model, hardware, workload), and why others do not.
 
-A candidate (:class:`autosp.cost_models.specs.Candidate`) sets every knob the compiler applies. The space
+A candidate (:class:`autosp.contract.specs.Candidate`) sets every knob the compiler applies. The space
 is the product of the knob choices below, cut down by the validity rules; :func:`invalid_reason`
 returns the first rule a candidate breaks (one line, for the report and the errors) or ``None``.
 
@@ -75,7 +75,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autosp.cost_models.shapes import padding_multiple
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.contract.knobs import BY_NAME, SEARCHED
+from autosp.contract.rules import chunks_overlap_reason
+from autosp.contract.rules import overlap_reason as contract_overlap_reason
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -144,9 +147,7 @@ def chunks_reason(sequence_chunks: int, checkpointing: str, overlap: str) -> str
     if checkpointing in ("selective", "sequence"):
         return (f"a sequence-chunked layer is kept whole (its input, K/V, attention output) by every policy but "
                 f"full; use checkpointing 'none' or 'full' with sequence_chunks > 1, not {checkpointing!r}")
-    if overlap == "head_pipeline":
-        return "sequence_chunks needs one attention per layer; head_pipeline splits it into head groups"
-    return None
+    return chunks_overlap_reason(sequence_chunks, overlap)
 
 
 def chunk_overlap(overlap: str, sequence_chunks: int) -> str:
@@ -248,8 +249,9 @@ def ep_reason(model: ModelSpec, hw: HardwareSpec, ep: int) -> str | None:
 
 def overlap_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
     """Why an all-to-all overlap schedule cannot apply with a Ulysses degree of ``ulysses``, or None."""
-    if overlap != "none" and ulysses == 1:
-        return f"overlap {overlap!r} needs an all-to-all (a Ulysses degree sp / ring > 1)"
+    reason = contract_overlap_reason(overlap, ulysses)  # the rule the compiler holds a plan to as well
+    if reason:
+        return reason
     if overlap == "head_pipeline" and model.n_heads // ulysses < 2:
         return (f"head_pipeline needs at least 2 local query heads, ulysses={ulysses} leaves "
                 f"{model.n_heads // ulysses}")
@@ -318,29 +320,29 @@ def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
     return zero_stage == 3 and offload_optimizer
 
 
-def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
-                   checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
-                   overlap: str, offload_optimizer: bool = False, ring: int = 1, sequence_chunks: int = 1,
-                   offload_chunks: bool = False, offload_param: bool = False, ep: int = 1) -> Candidate:
-    """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
+def make_candidate(world: int, global_batch: int | None, **knobs) -> Candidate:
+    """A canonical candidate from knob values (the searched knobs of autosp.contract.knobs; those not given take
+    their defaults, ``sp`` must be given); dp and grad_accum follow from the world and global batch.
 
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
     :func:`invalid_reason` reports the problem.
     """
-    dp = world // sp
+    unknown = sorted(set(knobs) - set(SEARCHED))
+    if unknown:
+        raise TypeError(f"make_candidate() got knobs it does not search: {', '.join(unknown)}")
+    k = {name: knobs.get(name, BY_NAME[name].default) for name in SEARCHED}
+    dp = world // k["sp"]
     grad_accum = 1
-    if global_batch is not None and global_batch % (dp * micro_batch) == 0:
-        grad_accum = global_batch // (dp * micro_batch)
-    offload_chunks = offload_chunks and sequence_chunks > 1
-    if sequence_chunks > 1 and checkpointing != "full":  # chunked layers are kept like attention by all three
-        checkpointing = "none"
-    return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
-                     checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
-                     offload_activations=offload_activations and checkpointing != "none",
-                     overlap=overlap if sp > ring else "none",
-                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
-                     sequence_chunks=sequence_chunks, offload_chunks=offload_chunks,
-                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer), ep=ep)
+    if global_batch is not None and global_batch % (dp * k["micro_batch"]) == 0:
+        grad_accum = global_batch // (dp * k["micro_batch"])
+    k["offload_chunks"] = k["offload_chunks"] and k["sequence_chunks"] > 1
+    if k["sequence_chunks"] > 1 and k["checkpointing"] != "full":  # chunked layers are kept like attention by all three
+        k["checkpointing"] = "none"
+    k["offload_activations"] = k["offload_activations"] and k["checkpointing"] != "none"
+    k["overlap"] = k["overlap"] if k["sp"] > k["ring"] else "none"
+    k["offload_param"] = k["offload_param"] and param_offload_ok(k["zero_stage"], k["offload_optimizer"])
+    k["offload_optimizer"] = k["offload_optimizer"] and k["zero_stage"] >= 1
+    return Candidate(dp=dp, grad_accum=grad_accum, **k)
 
 
 @dataclass(frozen=True)
@@ -373,9 +375,7 @@ class SearchSpace:
     """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
     is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
 
-    KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
-             "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks",
-             "offload_param", "ep")
+    KNOBS = SEARCHED  # the knob table's searched knobs (autosp.contract.knobs), in its order
 
     def choices(self) -> dict[str, tuple]:
         return {name: getattr(self, name) for name in self.KNOBS}
@@ -416,8 +416,9 @@ class SearchSpace:
             knobs = dict(knobs, ring=below[-1] if below else rings[0])
         per = self.per_layout_choices(knobs["sp"], knobs["ring"])
         if per is not None:
-            for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "micro_batch"):
-                valid = per[name]
+            for name, valid in per.items():  # the counted knobs the layout narrows (tiling, micro-batch)
+                if BY_NAME[name].kind is not int or name not in knobs:
+                    continue
                 if valid and knobs[name] not in valid:
                     below = [v for v in valid if v <= knobs[name]]
                     knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
@@ -476,13 +477,11 @@ class SearchSpace:
                           and (accum is None or gb == dp * m * accum))
         ulysses = sp // ring
         overlap = tuple(o for o in self.overlap if overlap_reason(self.model, o, ulysses) is None)
-        return {"zero_stage": self.zero_stage, "micro_batch": micro, "checkpointing": self.checkpointing,
-                "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
-                "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
-                "offload_activations": self.offload_activations, "overlap": overlap,
-                "offload_optimizer": self.offload_optimizer,
-                "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)),
-                "offload_chunks": self.offload_chunks, "offload_param": self.offload_param, "ep": self.ep}
+        narrowed = {"micro_batch": micro, "overlap": overlap,
+                    "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
+                    "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
+                    "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens))}
+        return {name: narrowed.get(name, getattr(self, name)) for name in self.KNOBS if name not in ("sp", "ring")}
 
     def layouts(self):
         """The valid (sp, ring) pairs of this space, in a fixed order."""
@@ -496,26 +495,22 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            for zero, optim, param, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap, ep in itertools.product(
-                    per["zero_stage"], per["offload_optimizer"], per["offload_param"], per["micro_batch"],
-                    per["checkpointing"], per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"],
-                    per["offload_chunks"], per["offload_activations"], per["overlap"], per["ep"]):
-                if offload and ckpt == "none":
+            names = tuple(per)
+            for values in itertools.product(*(per[name] for name in names)):
+                k = dict(zip(names, values))
+                if k["offload_activations"] and k["checkpointing"] == "none":
                     continue  # canonical: offload needs checkpointed tensors
-                if seq_off and seq == 1:
+                if k["offload_chunks"] and k["sequence_chunks"] == 1:
                     continue  # canonical: chunk offload needs sequence chunks
-                if chunks_reason(seq, ckpt, overlap):
+                if chunks_reason(k["sequence_chunks"], k["checkpointing"], k["overlap"]):
                     continue
-                if optim and zero == 0:
+                if k["offload_optimizer"] and k["zero_stage"] == 0:
                     continue  # canonical: ZeRO-Offload needs ZeRO
-                if param and not param_offload_ok(zero, optim):
+                if k["offload_param"] and not param_offload_ok(k["zero_stage"], k["offload_optimizer"]):
                     continue  # canonical: parameter offload at ZeRO-3 with optimizer offload
-                if not zero3_loss_ok(self.model, zero, loss):
+                if not zero3_loss_ok(self.model, k["zero_stage"], k["loss_chunks"]):
                     continue
-                yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
-                                mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
-                                offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off,
-                                offload_param=param, ep=ep)
+                yield self.make(sp=sp, ring=ring, **k)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""

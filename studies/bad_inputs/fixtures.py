@@ -114,7 +114,7 @@ def _tokens(values, dtype: str):
 @fixture("plan.json", "a valid plan: llama-3.2-1b at 8k tokens on h100x8 (sp x dp = 8 processes)")
 def _plan(path: Path, directory: Path) -> None:
     from autosp.planner.api import make_plan
-    from autosp.planner.plan import write_outputs
+    from autosp.planner.ds_config import write_outputs
 
     plan = make_plan("llama-3.2-1b", "8k", "h100x8", trials=20, cache=None)
     write_outputs(plan, str(path), str(directory / "ds.json"))
@@ -123,7 +123,7 @@ def _plan(path: Path, directory: Path) -> None:
 @fixture("off.json", "a plan that offloads activations: llama-3.1-8b at 1M tokens on h100x8")
 def _offload_plan(path: Path, directory: Path) -> None:
     from autosp.planner.api import make_plan
-    from autosp.planner.plan import save_plan
+    from autosp.contract.plan import save_plan
 
     plan = make_plan("llama", "1M", "h100x8", trials=20, cache=None)
     assert plan.candidate.offload_activations, "the offloading fixture needs a plan that offloads"

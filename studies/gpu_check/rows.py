@@ -5,7 +5,7 @@ value: the check stops at its time budget, so the rows that say most about the c
 (a plain step, then long sequences, then one knob family after another). Across the rows every knob the
 compiler accepts at SP=1 takes every value that matters (:func:`missing_knobs` checks it, and so does
 tests/project/test_gpu_check.py). Adding a knob to the check is one line in :data:`ROWS` (the knob being a
-:class:`~autosp.cost_models.specs.Candidate` field that :class:`studies.measure.RunConfig` mirrors).
+:class:`~autosp.contract.specs.Candidate` field that :class:`studies.measure.RunConfig` mirrors).
 
 ``seq_len`` is the GPU length; the CPU dry run divides it by :data:`DRY_RUN_SEQ_DIVISOR`.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, ModelSpec
+from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate, ModelSpec
 
 __all__ = ["DRY_RUN_MODEL", "DRY_RUN_SEQ_DIVISOR", "GPU_MODEL", "KNOB_VALUES", "NOT_AT_SP1", "ROWS", "Row",
            "candidate_of", "compilable_knobs", "exercised", "missing_knobs", "row", "select"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, ModelSpec
+from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, ModelSpec
 
 TINY = dict(name="tiny-llama", n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, head_dim=32, ffn_hidden=352,
             vocab=512)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autosp.cost_models.specs import HardwareSpec
+from autosp.contract.specs import HardwareSpec
 
 MIB = 2 ** 20
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from autosp.cost_models.specs import (AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload,
+from autosp.contract.specs import (AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload,
                                       fingerprint_of, from_dict)
 
 GIB = 1024 ** 3
@@ -130,7 +130,7 @@ def placeholder_hardware(world: int) -> HardwareSpec:
 def make_plan(cfg: RunConfig, hardware: HardwareSpec | None = None):
     """The Plan object ``autosp.compile`` runs (its DeepSpeed config is the planner's) and its estimate."""
     from autosp.cost_models import estimate
-    from autosp.planner.plan import Plan
+    from autosp.contract.plan import Plan
 
     hw = hardware or placeholder_hardware(cfg.world)
     cand = cfg.candidate()

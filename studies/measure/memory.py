@@ -248,7 +248,7 @@ def zero_bucket_bytes(n_params: int) -> frozenset:
     """Sizes in bytes (2- and 4-byte elements) of the buckets DeepSpeed allocates at every backward under the
     configs autosp writes (reduce, all-gather, ZeRO-3 prefetch; the reduce bucket capped at the model's size):
     :func:`attributed_peak` counts a block of exactly such a size as a ZeRO buffer, not as activations."""
-    from autosp.cost_models import deepspeed_buffers as ds
+    from autosp.contract import deepspeed_buffers as ds
 
     buckets = {ds.REDUCE_BUCKET_SIZE, ds.reduce_bucket_elements(n_params), ds.ALLGATHER_BUCKET_SIZE,
                ds.STAGE3_PREFETCH_BUCKET_SIZE}

@@ -34,7 +34,7 @@ def _reference_model(seed: int):
     import torch
 
     from autosp.compiler.models import Llama
-    from autosp.cost_models.specs import ModelSpec
+    from autosp.contract.specs import ModelSpec
 
     torch.manual_seed(seed)
     return Llama.from_spec(ModelSpec(name="tiny", n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, head_dim=8,

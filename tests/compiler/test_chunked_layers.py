@@ -25,7 +25,7 @@ from test_compiler_exact import BF16_TOL, TOL, Z3, hf_model, make_batches, refer
 from autosp.compiler.attention.layout import (chunk_ring_spans, chunk_sizes, chunked_rank_spans, rank_spans,
                                               span_index)
 from autosp.compiler.testing import assert_within
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 hf_llama = functools.partial(hf_model, "llama")
@@ -220,8 +220,8 @@ def test_chunked_layers_equal_the_unchunked_model(chunks, offload):
     x = torch.randn(2, 10, 12, dtype=torch.float32)
     cos = torch.randn(2, 10, 3, dtype=torch.float32)
     gm, inputs = capture_graph(model, x, cos)
-    ctx = SPContext(sp_size=1, sp_rank=0, sp_group="", world_group="", grad_world_size=1, local_len=10,
-                    global_len=10, sequence_chunks=chunks, offload_chunks=offload)
+    ctx = SPContext(candidate=Candidate(sp=1, sequence_chunks=chunks, offload_chunks=offload), sp_rank=0, sp_group="",
+                    world_group="", grad_world_size=1, local_len=10, global_len=10)
     chunking_pass(gm, inputs, ctx)
     gm.recompile()
     assert ctx.stats.layers_chunked == 2
@@ -270,7 +270,7 @@ def test_autosp_train_and_measure_run_a_chunked_plan(tmp_path):
     from test_compiler_train_cli import write_plan
 
     from autosp.planner.measure import MeasureOptions, run_one
-    from autosp.planner.plan import load_plan
+    from autosp.contract.plan import load_plan
 
     candidate = Candidate(sp=2, zero_stage=1, sequence_chunks=3, offload_chunks=True)
     plan = load_plan(write_plan(tmp_path / "chunks.json", candidate, seq_len=47))

@@ -25,7 +25,7 @@ VOCAB = 97
 # --- models --------------------------------------------------------------------------------------------
 def reference_llama(n_kv=2, n_heads=4, tied=False):
     from autosp.compiler.models import Llama
-    from autosp.cost_models.specs import ModelSpec
+    from autosp.contract.specs import ModelSpec
 
     torch.manual_seed(0)
     spec = ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=n_heads, n_kv_heads=n_kv, head_dim=16,

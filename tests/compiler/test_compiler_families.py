@@ -127,7 +127,7 @@ ERRORS = {
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     def run_one(name):
         _, factory, batch_kw, compile_kw, *optimizer = EXACT[name]

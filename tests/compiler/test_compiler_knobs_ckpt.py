@@ -42,7 +42,7 @@ CASES = {
 
 
 def _candidate(fields):
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     return Candidate(sp=SP, micro_batch=BATCH, **fields)
 
@@ -108,7 +108,7 @@ def cost_model_layer_bytes(policy: str) -> float:
     """Bytes one layer keeps per rank under ``policy`` according to the cost model (memory.py)."""
     from autosp.cost_models.memory import layer_extra_bytes, layer_saved_elems
     from autosp.cost_models.shapes import Shapes
-    from autosp.cost_models.specs import ModelSpec, Workload
+    from autosp.contract.specs import ModelSpec, Workload
 
     spec = ModelSpec(name="tiny", n_layers=L, hidden=H, n_heads=HEADS, n_kv_heads=2, head_dim=16,
                      ffn_hidden=F_HIDDEN, vocab=VOCAB)
@@ -222,8 +222,8 @@ def partitions():
 
     def partition(joint, joint_inputs, **kwargs):
         for policy, offload in POLICY_RUNS:
-            ctx = SimpleNamespace(checkpointing=policy, offload_activations=offload, fragments=False,
-                                  stats=PassStats())
+            ctx = SimpleNamespace(candidate=SimpleNamespace(checkpointing=policy, offload_activations=offload),
+                                  fragments=False, stats=PassStats())
             graph = copy.deepcopy(joint) if (policy, offload) != POLICY_RUNS[-1] else joint
             fw_bw = SPPartitioner(ctx)(graph, joint_inputs, **kwargs)
             reports[policy, offload] = ctx.stats.partitions[0]
@@ -293,9 +293,9 @@ def test_op_classes_and_layers_from_module_stacks():
 # --- unit: plan errors ----------------------------------------------------------------------------
 def _plan_dict(**candidate) -> dict:
     """A schema-valid plan (the planner's JSON) whose candidate carries ``candidate``."""
-    from autosp.cost_models.specs import (AcceleratorSpec, Candidate, Estimate, HardwareSpec, MemoryBreakdown,
+    from autosp.contract.specs import (AcceleratorSpec, Candidate, Estimate, HardwareSpec, MemoryBreakdown,
                                           ModelSpec, TimeBreakdown, Workload)
-    from autosp.planner.plan import Plan
+    from autosp.contract.plan import Plan
 
     plan = Plan(model=ModelSpec(name="tiny", n_layers=L, hidden=H, n_heads=HEADS, n_kv_heads=2, head_dim=16,
                                 ffn_hidden=F_HIDDEN, vocab=VOCAB),
@@ -327,7 +327,7 @@ def test_plan_knob_errors_are_usage_errors(tmp_path, fields, message):
 
 def test_resolve_candidate_accepts_every_policy_and_offload():
     from autosp.compiler.api import resolve_candidate
-    from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate
+    from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 
     for policy in CHECKPOINTING_POLICIES:
         candidate, _ = resolve_candidate(Candidate(sp=2, checkpointing=policy))

@@ -37,7 +37,7 @@ from autosp.compiler.passes.tiling_loss import (
 )
 from autosp.compiler.passes.tiling_mlp import TILED_MLP, mlp_reference, mlp_tiling_pass, tiled_mlp
 from autosp.compiler.testing import assert_within
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 # name -> (model factory, batch kwargs, candidate fields, compile kwargs)
@@ -179,8 +179,8 @@ from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, group="sp", **knobs):
-    return SPContext(sp_size=sp, sp_rank=0, sp_group=group, world_group=group, grad_world_size=sp,
-                     local_len=local_len, global_len=local_len * sp, **knobs)
+    return SPContext(candidate=Candidate(sp=sp, **knobs), sp_rank=0, sp_group=group, world_group=group,
+                     grad_world_size=sp, local_len=local_len, global_len=local_len * sp)
 
 
 def calls(gm, target):

@@ -141,7 +141,7 @@ def _record_joint_graph_shapes(shapes: list):
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     def run_one(name):
         factory, batch_kw, compile_kw = EXACT[name]

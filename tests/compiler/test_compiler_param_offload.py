@@ -21,7 +21,7 @@ PLAN = dict(sp=2, micro_batch=2, zero_stage=3, offload_optimizer=True, offload_p
 def _train(rank, world):
     from autosp.compiler import testing
     from autosp.compiler.api import compile_model
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     model = reference_llama()
     batches = make_batches(seq=31)

@@ -125,7 +125,7 @@ def _record_joint_graph_shapes(shapes: list):
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     def run_one(name):
         if name in ERRORS:
@@ -217,10 +217,10 @@ def test_autosp_train_and_measure_run_a_ring_plan(tmp_path):
     from test_compiler_train_cli import write_plan
 
     from autosp.compiler.api import resolve_candidate
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
     from autosp.errors import UsageError
     from autosp.planner.measure import MeasureOptions, run_one
-    from autosp.planner.plan import load_plan
+    from autosp.contract.plan import load_plan
 
     with pytest.raises(UsageError, match="overlap=kv_async"):  # a pure ring has no all-to-all to overlap
         resolve_candidate(load_plan(write_plan(tmp_path / "bad.json", Candidate(sp=2, ring=2, overlap="kv_async"),
@@ -240,7 +240,7 @@ def test_autosp_train_ring_flag_must_agree_with_the_plan(tmp_path):
     from test_compiler_train_cli import write_plan
 
     from autosp.compiler.train_cli import build_parser, main
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
     from autosp.errors import UsageError
 
     args = build_parser().parse_args(["--sp", "4", "--ring", "2"])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from autosp.cost_models.specs import (
+from autosp.contract.specs import (
     AcceleratorSpec,
     Candidate,
     Estimate,
@@ -27,7 +27,7 @@ def _zeros(cls, **given):
 
 
 def write_plan(path, candidate, seq_len=48):
-    from autosp.planner.plan import Plan, save_plan
+    from autosp.contract.plan import Plan, save_plan
 
     hardware = HardwareSpec(name="cpu-test", accelerator=AcceleratorSpec("cpu", 1e11, 8e9, 1e10), devices_per_node=2)
     estimate = Estimate(memory=_zeros(MemoryBreakdown), time=_zeros(TimeBreakdown), capacity_bytes=8e9,

@@ -17,7 +17,7 @@ from autosp.compiler.inputs import shard_batch
 from autosp.compiler.passes import attention_pass, check_pass, loss_pass, mask_pass, position_pass
 from autosp.compiler.passes.common import SDPA, is_call
 from autosp.compiler.passes.mask import is_causal_mask
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 A2A = torch.ops.autosp_ops.all_to_all.default
@@ -121,8 +121,8 @@ from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 
 
 def context(local_len, sp=2, rank=1):
-    return SPContext(sp_size=sp, sp_rank=rank, sp_group="sp", world_group="world", grad_world_size=sp,
-                     local_len=local_len, global_len=local_len * sp)
+    return SPContext(candidate=Candidate(sp=sp), sp_rank=rank, sp_group="sp", world_group="world",
+                     grad_world_size=sp, local_len=local_len, global_len=local_len * sp)
 
 
 def calls(gm, target):

@@ -29,7 +29,7 @@ from autosp.compiler.passes import attention_pass, check_pass, mask_pass, positi
 from autosp.compiler.passes.attention import RING
 from autosp.compiler.passes.common import SDPA, is_call
 from autosp.compiler.testing import capture_graph
-from autosp.cost_models.specs import Candidate, ModelSpec
+from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
 A2A = torch.ops.autosp_ops.all_to_all.default
@@ -183,9 +183,9 @@ def test_ring_sharding_shifts_labels_over_the_full_sequence_then_permutes_and_pa
 
 # --- passes on captured graphs ------------------------------------------------------------------------------
 def ring_context(local_len, sp, ring, rank, **knobs):
-    return SPContext(sp_size=sp, sp_rank=rank, sp_group="sp", world_group="world", grad_world_size=sp,
-                     local_len=local_len, global_len=local_len * sp, ring_size=ring,
-                     ulysses_group="ulysses" if ring < sp else None, ring_group="ring", **knobs)
+    return SPContext(candidate=Candidate(sp=sp, ring=ring, **knobs), sp_rank=rank, sp_group="sp", world_group="world",
+                     grad_world_size=sp, local_len=local_len, global_len=local_len * sp,
+                     ulysses_group="ulysses" if ring < sp else None, ring_group="ring")
 
 
 def test_position_pass_gives_each_row_its_zigzag_position():

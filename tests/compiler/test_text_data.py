@@ -136,7 +136,7 @@ def test_tensorboard_holds_the_logged_scalars_and_mfu_needs_a_plan(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from autosp.compiler.training.logging import StepLogger, flops_per_token
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     lines = []
     logger = StepLogger(steps=2, seq=64, candidate=Candidate(sp=2), tensorboard=str(tmp_path / "tb"),
@@ -164,7 +164,7 @@ def test_mfu_from_the_cost_model_and_the_plans_hardware(tmp_path):
     from autosp.compiler.training.logging import StepLogger
     from autosp.cost_models.flops import model_flops
     from autosp.cost_models.shapes import Shapes
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     cand = Candidate(sp=2)
     plan = load_plan(write_plan(tmp_path / "plan.json", cand, seq_len=64))

@@ -1,6 +1,6 @@
 """Hand-checkable specs the cost-model tests share: a tiny Llama-shaped model and a cluster with round figures."""
 
-from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec, ModelSpec
+from autosp.contract.specs import AcceleratorSpec, HardwareSpec, ModelSpec
 
 GIB = 1024 ** 3
 

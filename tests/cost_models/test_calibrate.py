@@ -16,7 +16,7 @@ from autosp.profiling.calibration.fit import bus_factor, fit_alpha_beta
 from autosp.profiling.calibration.hardware_spec import (build_hardware_spec, non_finite_fields, format_summary,
                                                     measurements_path_for)
 from autosp.profiling.calibration.settings import make_settings
-from autosp.planner.plan import hardware_from_dict
+from autosp.contract.specs import hardware_from_dict
 
 SIZES = [1 << e for e in range(10, 25)]
 
@@ -241,7 +241,7 @@ def test_calibration_modules_do_not_drag_torch_into_planning():
 
 def _assert_loadable_profile(path):
     from autosp.cost_models import estimate
-    from autosp.cost_models.specs import Candidate, ModelSpec, Workload
+    from autosp.contract.specs import Candidate, ModelSpec, Workload
     from autosp.cost_models.catalog.hardware import resolve_hardware
 
     data = json.loads(path.read_text())

@@ -10,7 +10,7 @@ import pytest
 from autosp.cost_models import chunks, comm, memory, ring
 from autosp.cost_models.estimate import estimate, max_seq_len
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from round_specs import GIB, TINY

@@ -6,9 +6,10 @@ from dataclasses import replace
 import pytest
 
 from autosp.cost_models import estimate, fits, max_seq_len, memory_only
-from autosp.cost_models import comm, deepspeed_buffers as ds, memory
+from autosp.contract import deepspeed_buffers as ds
+from autosp.cost_models import comm, memory
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
+from autosp.contract.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 

@@ -12,7 +12,7 @@ from autosp.cost_models.documents import attention_pricing, cell_moments, compac
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.cost_models.specs import Candidate, ModelSpec, Workload, workload_key
+from autosp.contract.specs import Candidate, ModelSpec, Workload, workload_key
 
 S = 1024
 LLAMA = resolve_model("llama-3.1-8b")

@@ -24,7 +24,7 @@ from autosp.profiling.graph import describe_model_arg, fingerprint, load_or_buil
 from autosp.profiling.graph.compare import comparison
 from autosp.profiling.graph.fit import fit_flops, fit_linear
 from autosp.cost_models.profile import Elems, ModelProfile, analytic_profile
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, Workload
+from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import model_from_hf_config
 
@@ -225,7 +225,7 @@ def test_cache_hit_reads_the_file_and_imports_no_torch(cache, llama, llama_path)
     code = ("import sys\n"
             "from autosp.profiling.graph import load_or_build\n"
             "from autosp.cost_models import estimate\n"
-            "from autosp.cost_models.specs import Candidate, Workload\n"
+            "from autosp.contract.specs import Candidate, Workload\n"
             "from autosp.cost_models.catalog.hardware import resolve_hardware\n"
             f"p = load_or_build({llama_path!r})\n"
             "e = estimate(p.model_spec(), resolve_hardware('h100x8'), Workload(seq_len=8192), Candidate(sp=2), profile=p)\n"

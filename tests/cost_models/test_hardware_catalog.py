@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 import pytest
 
-from autosp.cost_models.specs import HardwareSpec
+from autosp.contract.specs import HardwareSpec
 from autosp.errors import UsageError
 from autosp.cost_models.catalog.hardware import (GIB, catalog_entry, catalog_names, common_sources, describe_grammar,
                                      list_hardware, resolve_hardware)

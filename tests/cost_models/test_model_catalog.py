@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from autosp.cost_models.specs import ModelSpec
+from autosp.contract.specs import ModelSpec
 from autosp.errors import UsageError
 from autosp.cost_models.catalog.models import list_models, model_from_hf_config, preset_info, preset_names, resolve_model
 

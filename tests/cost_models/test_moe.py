@@ -11,7 +11,7 @@ from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import preset_info, resolve_model
 from autosp.cost_models.estimate import estimate
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 from autosp.errors import UsageError
 
 GIB = 2 ** 30

@@ -1,4 +1,4 @@
-"""The op tables the graph-derived cost model and the compiler share (autosp.cost_models.op_classes): one
+"""The op tables the graph-derived cost model and the compiler share (autosp.contract.op_classes): one
 definition, read the same way by both, so what the cost model predicts a checkpointing policy keeps is what
 the compiler tags the partitioner to keep."""
 
@@ -10,9 +10,9 @@ import torch
 
 from autosp.compiler.passes import checkpointing
 from autosp.compiler.passes.check import _product_of_two
-from autosp.cost_models import op_classes
+from autosp.contract import op_classes
 from autosp.profiling.graph import layer, trace
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+from autosp.contract.specs import CHECKPOINTING_POLICIES
 
 aten = torch.ops.aten
 

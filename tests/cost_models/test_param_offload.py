@@ -7,10 +7,10 @@ import pytest
 from autosp.cost_models import estimate, param_offload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.cost_models.deepspeed_config import deepspeed_config, zero_section
+from autosp.contract.deepspeed_config import deepspeed_config, zero_section
 from autosp.cost_models.memory import GIB, zero3_gathered_params
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 
 MODEL = resolve_model("llama-3.1-8b")
 ONE = resolve_hardware("h100x1")

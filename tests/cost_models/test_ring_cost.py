@@ -8,7 +8,7 @@ import pytest
 
 from autosp.cost_models import comm, estimate, flops, memory, ring
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import list_models, resolve_model
 from round_specs import GIB, ROUND, TINY

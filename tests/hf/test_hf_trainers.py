@@ -124,7 +124,7 @@ def _sgd(params):
 def _sp_case(name, out):
     import autosp.hf
     from autosp.compiler.testing import sp_run
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     common = {"backend": "aot_eager", "pad_to_multiple_of": 16}
     if name == "trainer":

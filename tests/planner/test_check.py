@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autosp.cli import plan_main
-from autosp.planner.plan import load_plan
+from autosp.contract.plan import load_plan
 
 REQ = ["--model", "llama-3.2-1b", "--ctx", "32k", "--hw", "h100x8"]
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
@@ -65,7 +65,7 @@ def _variant(src: Path, dst: Path, **knobs) -> tuple[str, object]:
     from dataclasses import replace
 
     from autosp.cost_models import estimate
-    from autosp.planner.plan import save_plan
+    from autosp.contract.plan import save_plan
 
     plan = load_plan(src)
     cand = replace(plan.candidate, **knobs)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autosp.errors import EXIT_CODES
-from autosp.planner.plan import plan_from_dict
+from autosp.contract.plan import plan_from_dict
 
 SCRIPT = Path(sys.executable).with_name("autosp-plan")
 

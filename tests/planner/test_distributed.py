@@ -103,7 +103,7 @@ EXAMPLES = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.t
 
 
 def _tiny():
-    from autosp.cost_models.specs import ModelSpec
+    from autosp.contract.specs import ModelSpec
 
     return ModelSpec(name="tiny", n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_hidden=128,
                      vocab=128)
@@ -114,7 +114,7 @@ def test_measure_runs_a_ring_plan_end_to_end(tmp_path, monkeypatch):
     """--measure on a 2-D space: a one-head model on the 2-process CPU cluster with one sequence per step can only
     use both processes as a ring of 2 (Ulysses needs a head per rank), so every candidate the measurement runs is
     a ring plan; autosp-train trains it (torchrun, gloo) and the measurement chooses it."""
-    from autosp.cost_models.specs import ModelSpec
+    from autosp.contract.specs import ModelSpec
     from autosp.planner.api import make_plan
     from autosp.planner.measure import MeasureOptions
 
@@ -148,7 +148,7 @@ def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, m
     import optuna
 
     from autosp.compiler.api import resolve_candidate
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
     from autosp.planner.api import make_plan
     from autosp.planner.measure import MeasureOptions
 
@@ -185,7 +185,7 @@ def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, m
 def test_the_measurement_decides_and_a_failed_run_never_wins():
     from dataclasses import replace
 
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
     from autosp.planner.measure import choose
 
     a = Candidate(sp=1, dp=2, zero_stage=0)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from autosp.cost_models.deepspeed_buffers import zero_config_fields
+from autosp.contract.deepspeed_buffers import zero_config_fields
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config, deepspeed_config_json
 
@@ -128,7 +128,7 @@ def test_planned_and_hand_made_runs_get_one_config_with_one_clipping_default(one
     import torch
 
     from autosp.compiler.api import deepspeed_config as compile_config
-    from autosp.cost_models.deepspeed_config import GRADIENT_CLIPPING
+    from autosp.contract.deepspeed_config import GRADIENT_CLIPPING
 
     plan = replace(one_gpu_plan, candidate=replace(one_gpu_plan.candidate, offload_optimizer=False))
     dtype = plan.workload.dtype

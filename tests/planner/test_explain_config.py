@@ -6,7 +6,7 @@ import json
 
 from autosp import cli
 from autosp.planner.api import plan_for
-from autosp.planner.plan import load_plan
+from autosp.contract.plan import load_plan
 from autosp.planner.request import PlanRequest
 
 TARGET = ["--model", "llama-3.1-8b", "--ctx", "128k", "--hw", "h100x8"]

@@ -12,7 +12,7 @@ import pytest
 
 from autosp.errors import UsageError
 from autosp.planner.api import make_plan
-from autosp.planner.plan import save_plan
+from autosp.contract.plan import save_plan
 
 
 def _plan_cmd(args, env=None, stdout=subprocess.PIPE):
@@ -149,7 +149,7 @@ def test_item10_transient_trace_failures_are_never_cached(tmp_path, monkeypatch)
 
 def test_item11_small_ones(tmp_path):
     from autosp.cost_models.catalog.hardware import resolve_hardware
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     with pytest.raises(ValueError, match="zero_stage must be"):
         Candidate(sp=8, zero_stage=True)

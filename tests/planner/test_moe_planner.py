@@ -10,7 +10,7 @@ import pytest
 
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.cost_models.specs import Workload
+from autosp.contract.specs import Workload
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config
 from autosp.planner.search.space import build_space, ep_choices

@@ -9,7 +9,7 @@ from autosp.cost_models.catalog.windows import sliding_layout
 from autosp.errors import UsageError
 from autosp.planner.api import plan_for
 from autosp.planner.doc_lens import histogram_of, read_doc_lens
-from autosp.planner.plan import plan_from_dict
+from autosp.contract.plan import plan_from_dict
 from autosp.planner.cli.report import render
 from autosp.planner.request import PlanRequest, resolve
 from autosp.planner.search.space import SPACE_VERSION

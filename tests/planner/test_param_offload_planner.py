@@ -5,11 +5,11 @@ from dataclasses import replace
 
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.cost_models.specs import Workload
+from autosp.contract.specs import Workload
 from autosp.planner.api import make_plan
 from autosp.planner.artifacts import load_artifact
 from autosp.planner.search.evaluator import Evaluator
-from autosp.planner.plan import write_outputs
+from autosp.planner.ds_config import write_outputs
 from autosp.planner.search.space import build_space, canonical
 
 MODEL = resolve_model("llama-3.1-8b")

@@ -8,7 +8,7 @@ from dataclasses import MISSING, fields, replace
 
 import pytest
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 from autosp.planner.api import plan_for
 from autosp.planner.pins import parse_pins

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from autosp.cost_models.specs import Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
-from autosp.planner.plan import SCHEMA_VERSION, plan_from_dict
+from autosp.contract.plan import SCHEMA_VERSION, plan_from_dict
 
 
 def test_ring_divides_sp_and_names_both_dimensions():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autosp.cost_models.specs import ModelSpec, Workload
+from autosp.contract.specs import ModelSpec, Workload
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config
 from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key

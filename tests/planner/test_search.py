@@ -3,7 +3,7 @@ search weighs against scoring the whole space), a fraction of the calls on large
 
 import pytest
 
-from autosp.cost_models.specs import Workload
+from autosp.contract.specs import Workload
 from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key
 from autosp.planner.search.exhaustive import exhaustive_max_ctx, exhaustive_throughput
 from autosp.cost_models.catalog.hardware import resolve_hardware

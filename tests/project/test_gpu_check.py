@@ -56,13 +56,13 @@ def test_autosp_imports_from_a_bare_checkout():
     """Without site-packages (-S: no editable install, no optuna) the bootstrap maps autosp.* onto the
     top-level folders the way pyproject.toml's package-dir does."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from studies.bootstrap import ensure_autosp; "
-            "ensure_autosp(); import autosp.cost_models.specs as s, autosp.cost_models.catalog.hardware as h; "
+            "ensure_autosp(); import autosp.contract.specs as s, autosp.cost_models.catalog.hardware as h; "
             "print(s.__file__); print(h.resolve_hardware('h200').name)")
     out = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT)], capture_output=True, text=True,
                          cwd="/", timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()
-    assert lines == [str(ROOT / "cost_models" / "specs.py"), "h200"]
+    assert lines == [str(ROOT / "autosp" / "contract" / "specs.py"), "h200"]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 
 from autosp.profiling.calibration.fit import COLLECTIVES, bus_factor, fit_alpha_beta
-from autosp.cost_models.specs import AcceleratorSpec, HardwareSpec
+from autosp.contract.specs import AcceleratorSpec, HardwareSpec
 from autosp.version import __version__
 
 MEASUREMENTS_SCHEMA = "autosp-calibration-measurements"

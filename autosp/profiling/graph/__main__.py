@@ -15,7 +15,7 @@ import sys
 from autosp.profiling.graph import describe_model_arg, load_or_build
 from autosp.profiling.graph.compare import comparison, format_table
 from autosp.cost_models.profile import analytic_profile
-from autosp.cost_models.specs import Candidate, Workload
+from autosp.contract.specs import Candidate, Workload
 
 
 def analytic_reference(model_arg: str, profile):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from autosp.profiling.graph import liveness as live
 from autosp.profiling.graph.layer import CLASSES, FLASH_DQ_ACCUMULATOR, LayerAnalysis
 from autosp.cost_models.profile import Elems
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+from autosp.contract.specs import CHECKPOINTING_POLICIES
 
 
 def measure(tr) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autosp.profiling.graph.fit import clean, clean_ratio, fit_flops, fit_linear
 from autosp.profiling.graph.layer import CLASSES
 from autosp.cost_models.profile import Elems, ModelProfile
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES
+from autosp.contract.specs import CHECKPOINTING_POLICIES
 
 
 FLOP_KEYS = ("mm_fwd", "mlp_mm_fwd", "attn_fwd", "mm_bwd", "attn_bwd", "qproj_fwd", "head_mm_fwd")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from autosp.cost_models.memory import layer_transient_phases
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
-from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, ModelSpec, Workload
+from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate, ModelSpec, Workload
 
 E = 2  # bf16
 

@@ -25,7 +25,7 @@ or the layer input. Everything visited on the way is recomputed in the backward.
 
 from __future__ import annotations
 
-from autosp.cost_models.op_classes import KEEP_CLASSES
+from autosp.contract.op_classes import KEEP_CLASSES
 from autosp.cost_models.profile import Elems
 
 LAYOUT_OPS = {"clone", "_unsafe_view", "contiguous", "transpose", "permute", "reshape", "expand", "view",

@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from autosp.cost_models.op_classes import attention_kind, is_matmul
+from autosp.contract.op_classes import attention_kind, is_matmul
 
 aten = torch.ops.aten
 

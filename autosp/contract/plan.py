@@ -1,7 +1,7 @@
 """The plan: the planner's output and the compiler's input.
 
 A plan is a versioned JSON document. Its ``candidate`` holds every knob the compiler applies, under the
-same names as :class:`autosp.cost_models.specs.Candidate`; the rest is the evidence that justified it
+same names as :class:`autosp.contract.specs.Candidate`; the rest is the evidence that justified it
 (model, hardware, workload, prediction, search) and what makes it reusable (versions, fingerprints).
 
 Schema (``schema_version`` 2)::
@@ -34,8 +34,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from autosp.cost_models.catalog.hardware import hardware_from_dict
-from autosp.cost_models.specs import (
+from autosp.contract.specs import (
     Candidate,
     Estimate,
     HardwareSpec,
@@ -44,6 +43,7 @@ from autosp.cost_models.specs import (
     TimeBreakdown,
     Workload,
     from_dict,
+    hardware_from_dict,
 )
 from autosp.errors import UsageError
 from autosp.files import read_json, write_text
@@ -137,20 +137,5 @@ def save_plan(plan: Plan, path: str | os.PathLike, flag: str = "") -> None:
     write_text(path, plan.to_json(), flag)
 
 
-def write_outputs(plan: Plan, plan_out=None, ds_config=None) -> list:
-    """Write the plan JSON (``plan_out``) and its DeepSpeed config (``ds_config``) when asked; the paths
-    written, in that order (for the report's "written" line)."""
-    written = []
-    if plan_out:
-        save_plan(plan, plan_out, "--plan-out")
-        written.append(plan_out)
-    if ds_config:
-        from autosp.planner.ds_config import deepspeed_config_json
-
-        write_text(ds_config, deepspeed_config_json(plan), "--ds-config")
-        written.append(ds_config)
-    return written
-
-
-__all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "hardware_from_dict",
-           "load_plan", "plan_from_dict", "read_json", "save_plan", "write_outputs"]
+__all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "load_plan", "plan_from_dict",
+           "save_plan"]

@@ -13,28 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-CHECKPOINTING_POLICIES = ("none", "selective", "sequence", "full")
-"""Activation checkpointing, from most memory to least:
-
-- ``none``: every activation the backward needs stays in memory.
-- ``selective``: keep the outputs of matmuls, attention and collectives; recompute norms, RoPE,
-  activations functions and other pointwise work in the backward.
-- ``sequence``: keep the layer input, the attention inputs after their all-to-all and the attention
-  output; recompute every O(s) operation (projections, MLP, norms). Attention (O(s^2)) and the
-  collectives are never recomputed.
-- ``full``: keep only each layer's input; recompute the whole layer, attention and collectives
-  included.
-"""
-
-OVERLAP_SCHEDULES = ("none", "kv_async", "head_pipeline")
-"""How the Ulysses all-to-alls overlap with compute:
-
-- ``none``: each all-to-all runs when its input is ready and blocks.
-- ``kv_async``: the K and V all-to-alls are launched asynchronously while Q's projection/all-to-all
-  proceeds.
-- ``head_pipeline``: attention runs in head chunks; the all-to-all of chunk i+1 overlaps the attention
-  of chunk i.
-"""
+from autosp.contract.knobs import BY_NAME, CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
 
 DTYPES = ("bf16", "fp32")
 OPTIMIZERS = ("adamw",)
@@ -58,6 +37,45 @@ def from_dict(cls, data: dict):
 _LATER_FIELDS = {"sliding_window": 0, "sliding_layers": (), "n_experts": 0, "experts_per_token": 0,
                  "expert_ffn_hidden": 0, "shared_ffn_hidden": 0, "dense_layers": (), "attn_logit_softcap": 0.0,
                  "final_logit_softcap": 0.0}
+
+
+def _mlp_matrices(model) -> int:
+    return 3 if model.gated_mlp else 2
+
+
+def check_spec(model) -> None:
+    """ValueError unless the ModelSpec's mixture-of-experts fields describe a model (or are all unset)."""
+    E, k, fe, fs = model.n_experts, model.experts_per_token, model.expert_ffn_hidden, model.shared_ffn_hidden
+    for name in ("n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
+    if not E:
+        if k or fe or fs or model.dense_layers:
+            raise ValueError("ModelSpec.experts_per_token, expert_ffn_hidden, shared_ffn_hidden and dense_layers "
+                             "describe experts: they need n_experts > 0")
+    else:
+        if not 1 <= k <= E:
+            raise ValueError(f"ModelSpec.experts_per_token must be in [1, n_experts={E}], got {k!r}")
+        if fe < 1:
+            raise ValueError("ModelSpec.expert_ffn_hidden must be positive for a mixture-of-experts model")
+        layers = model.dense_layers
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.n_layers for i in layers) \
+                or list(layers) != sorted(set(layers)) or len(layers) >= model.n_layers:
+            raise ValueError(f"ModelSpec.dense_layers must be increasing layer indices in [0, {model.n_layers}) "
+                             f"leaving at least one MoE layer, got {list(layers)!r}")
+    for name in ("attn_logit_softcap", "final_logit_softcap"):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative number, got {value!r}")
+
+
+def moe_mlp_params(model, active: bool = False) -> int:
+    """Parameters of one MoE layer's MLP: router + shared experts + every routed expert (``active``: the k a
+    token uses)."""
+    h, m = model.hidden, _mlp_matrices(model)
+    routed = model.experts_per_token if active else model.n_experts
+    return h * model.n_experts + m * h * model.shared_ffn_hidden + routed * m * h * model.expert_ffn_hidden
 
 
 @dataclass(frozen=True)
@@ -127,8 +145,6 @@ class ModelSpec:
         if bool(window) != bool(layers):
             raise ValueError("ModelSpec.sliding_window and sliding_layers go together: a window needs the layers "
                              "it applies to, and windowed layers need a window")
-        from autosp.cost_models.moe import check_spec  # the MoE fields' rules live with their costs
-
         check_spec(self)
 
     @property
@@ -160,8 +176,6 @@ class ModelSpec:
     def layer_params(self) -> int:
         """Parameters of one decoder layer (attention, MLP and its two norms); of a mixture-of-experts layer
         (every expert, the router and the shared experts) when the model has any."""
-        from autosp.cost_models.moe import moe_mlp_params
-
         mlp = moe_mlp_params(self) if self.n_experts else (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
         return self.attention_params() + mlp
 
@@ -272,6 +286,13 @@ class Workload:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
 
+def hardware_from_dict(data: dict) -> HardwareSpec:
+    """A HardwareSpec from its ``dataclasses.asdict`` form (a hardware file, a plan's ``hardware``)."""
+    data = dict(data)
+    data["accelerator"] = from_dict(AcceleratorSpec, data["accelerator"])
+    return from_dict(HardwareSpec, data)
+
+
 def workload_key(workload: Workload) -> dict:
     """The workload as a plain dict for cache keys: ``doc_lens`` only when documents are packed, so unpacked
     requests keep the keys they had before documents existed."""
@@ -324,8 +345,8 @@ class Candidate:
     ep: int = 1
 
     def __post_init__(self):
-        for name in ("sp", "dp", "micro_batch", "grad_accum", "mlp_chunks", "loss_chunks", "ring", "sequence_chunks",
-                     "ep"):
+        knobs = [BY_NAME[f.name] for f in fields(self)]  # the knob table's rows, in field order
+        for name in (k.name for k in knobs if k.kind is int and not k.values):  # the counts
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # a plan's true is no count
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -336,7 +357,7 @@ class Candidate:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
         if self.overlap not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
-        for name in ("offload_activations", "offload_optimizer", "offload_chunks", "offload_param"):
+        for name in (k.name for k in knobs if k.kind is bool):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.offload_activations and self.checkpointing == "none":

@@ -31,7 +31,7 @@ KEEP_CLASSES = {"none": None,
 """Op classes whose outputs a checkpointing policy saves (never recomputes); every other forward value of
 a layer is recomputed in the backward, except the layer's input. ``none`` (None) saves whatever the
 backward needs: no recompute at all. One entry per
-:data:`autosp.cost_models.specs.CHECKPOINTING_POLICIES`, in its order."""
+:data:`autosp.contract.specs.CHECKPOINTING_POLICIES`, in its order."""
 
 
 def is_matmul(name: str) -> bool:

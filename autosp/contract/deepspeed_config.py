@@ -4,7 +4,7 @@
 ``autosp.compile`` / ``autosp-train`` (:mod:`autosp.compiler.api`, with a plan or a hand-made
 ``sp_size=``) all call :func:`deepspeed_config`, so a planned run and a hand-made one train with the same
 settings, and the ZeRO buckets are those the cost model charges memory and time for
-(:mod:`autosp.cost_models.deepspeed_buffers`). It lives in ``cost_models`` because both the planner and
+(:mod:`autosp.contract.deepspeed_buffers`). It lives in ``cost_models`` because both the planner and
 the compiler may import the cost model, and neither may import the other's internals.
 
 Defaults, and how to override them:
@@ -27,7 +27,7 @@ Defaults, and how to override them:
 
 from __future__ import annotations
 
-from autosp.cost_models.deepspeed_buffers import zero_config_fields
+from autosp.contract.deepspeed_buffers import zero_config_fields
 from autosp.errors import UsageError
 
 GRADIENT_CLIPPING = 1.0
@@ -54,7 +54,7 @@ def zero_section(stage: int, offload_optimizer: bool = False, n_params: float | 
 
 def deepspeed_config(candidate, dtype: str, *, n_params: float | None = None,
                      gradient_clipping: float | None = None, pin_memory: bool = True) -> dict:
-    """The DeepSpeed config for training ``candidate`` (a :class:`~autosp.cost_models.specs.Candidate`) in
+    """The DeepSpeed config for training ``candidate`` (a :class:`~autosp.contract.specs.Candidate`) in
     ``dtype`` on ``dp x sp`` processes. ``n_params`` sizes the gradient bucket (never larger than the
     model); ``gradient_clipping`` None means :data:`GRADIENT_CLIPPING`; ``pin_memory`` for the host copy
     of an offloaded optimizer (page-locked memory needs a GPU)."""

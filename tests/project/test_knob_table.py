@@ -1,0 +1,179 @@
+"""The knob table (autosp/contract/knobs.py) is the one place the plan knobs are listed.
+
+1. Its rows are exactly Candidate's fields, with Candidate's defaults, types and allowed values.
+2. No module outside it spells out a hand list of knob names: a list / tuple / set literal or dict keys holding
+   three or more knob names, a function with three or more knob-named parameters, or a class declaring three or
+   more knob-named fields. The exceptions are listed in ALLOWED, each with why.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autosp.contract.knobs import BY_NAME, KNOBS, LEAN_FIRST, REPORT_ROWS, SEARCHED, SIMPLICITY
+from autosp.contract.specs import Candidate
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("autosp", "planner", "compiler", "cost_models", "studies")
+KNOB_NAMES = {knob.name for knob in KNOBS}
+
+ALLOWED = {
+    # (path, the enclosing function or class, or "<module>"): why it may name knobs by hand
+    ("autosp/contract/knobs.py", "<module>"): "the table itself",
+    ("autosp/contract/specs.py", "Candidate"): "the Candidate the table describes (tied to it by this test)",
+    ("planner/search/space.py", "SearchSpace"): "the space's choices per searched knob: one typed field each (the test "
+                                         "below checks they are exactly the table's searched knobs)",
+    ("cost_models/bulk.py", "<module>"): "ROW_KNOBS: the axes the bulk cost model vectorises; a new knob needs "
+                                         "vector cost terms there or a space bulk_search.supported() refuses",
+    ("autosp/contract/specs.py", "short"): "Candidate.short(): the compact one-line form, a tag per knob in the "
+                                           "order the reports and logs print it",
+    ("planner/search/space.py", "build_space"): "the space's choices, each knob's computed by its own rule",
+    ("planner/diagnose.py", "_leanest"): "the diagnosis's variations (checkpointing, the offloads that share host "
+                                         "memory, ZeRO stage with loss tiling, ep) around the table's lean values",
+    ("compiler/api.py", "resolve_candidate"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
+                                              "Candidate carries every knob)",
+    ("compiler/api.py", "compile_model"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
+                                          "Candidate carries every knob)",
+    ("compiler/inputs.py", "shard_batch"): "a pure data function taking the layout as numbers (tested without a "
+                                           "Candidate)",
+    ("compiler/runtime.py", "shard"): "hands the candidate's layout numbers to shard_batch",
+    ("studies/published_gpu.py", "pinned_space"): "a published recipe's fixed knobs, transcribed from its source",
+    ("planner/cli/price.py", "configuration"): "the pins that change the batch split (sp, dp, micro-batch): a "
+                                               "rule of grad_accum",
+    ("studies/measure/harness.py", "RunConfig"): "a measured run's row, flat for the studies' JSON (its candidate() "
+                                                 "reads Candidate's fields); a knob it lacks keeps its default",
+    ("studies/measure/__main__.py", "main"): "the measuring CLI's flags, one per knob it can set",
+    ("studies/published_gpu.py", "PublishedRun"): "a published run's recipe, transcribed from its source",
+}
+
+
+ENUMERATION = 8
+"""A dict or call naming this many knobs (half of them) enumerates the knobs rather than setting a few."""
+
+
+def _knob_strings(node) -> set[str]:
+    return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)} & KNOB_NAMES
+
+
+def _read_knobs(node) -> set[str]:
+    """The knobs a tuple / list reads one element each (``(c.offload_param, -c.sp, ...)``): a hand-made key."""
+    out = set()
+    for element in node.elts:
+        read = {n.attr for n in ast.walk(element) if isinstance(n, ast.Attribute) and n.attr in KNOB_NAMES}
+        if len(read) == 1:
+            out |= read
+    return out
+
+
+def _copied(pairs) -> set[str]:
+    """The knobs of (name, value) pairs whose value reads the same-named attribute of something: a field-by-field
+    copy of a candidate (``"sp": c.sp``, ``sp=c.sp``)."""
+    return {name for name, value in pairs if name in KNOB_NAMES and isinstance(value, ast.Attribute)
+            and value.attr == name}
+
+
+def hand_lists(tree: ast.Module):
+    """(line, enclosing scope, names) of every hand list of knob names in ``tree``: a list / tuple / set literal of
+    three or more knob names (or of three or more elements each reading one knob: a hand-made sort key), a dict or
+    call copying three or more knobs field by field or naming ENUMERATION knobs, a function with four or more
+    knob-named parameters, a class declaring three or more knob-named fields."""
+    found = []
+
+    def visit(node, scope):
+        names = set()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs} & KNOB_NAMES
+            names = params if len(params) >= 4 else set()
+            scope = node.name
+        elif isinstance(node, ast.ClassDef):
+            names = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                     and isinstance(s.target, ast.Name)} & KNOB_NAMES
+            scope = node.name
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple) \
+                and isinstance(node.value, ast.Tuple):  # unpacking a few knobs into locals is no list
+            for child in node.value.elts:
+                visit(child, scope)
+            return
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            names = max(_knob_strings(node), _read_knobs(node), key=len)
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)} & KNOB_NAMES
+            names = keys if len(keys) >= ENUMERATION else \
+                _copied((k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant))
+        elif isinstance(node, ast.Call):
+            keys = {k.arg for k in node.keywords} & KNOB_NAMES
+            names = keys if len(keys) >= ENUMERATION else _copied((k.arg, k.value) for k in node.keywords)
+        if len(names) >= 3:
+            found.append((node.lineno, scope, sorted(names)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_table_rows_are_candidate_fields():
+    fields = dataclasses.fields(Candidate)
+    assert [k.name for k in KNOBS if k.name not in {f.name for f in fields}] == [], "a row without a field"
+    missing = [f.name for f in fields if f.name not in BY_NAME]
+    assert not missing, f"Candidate fields missing from the knob table: {missing}"
+    assert len(KNOBS) == len(fields) == len(BY_NAME)
+    for f in fields:
+        knob = BY_NAME[f.name]
+        if f.default is not dataclasses.MISSING:
+            assert knob.default == f.default and type(f.default) is knob.kind, f.name
+        for value in knob.values:  # every allowed value is accepted by Candidate (with the others made to allow it)
+            Candidate(**{"sp": 1, "zero_stage": 3, f.name: value})
+
+
+def test_orders_are_complete_and_distinct():
+    for order, column in ((SIMPLICITY, "simplicity"), (LEAN_FIRST, "lean_rank"), (REPORT_ROWS, "report_row")):
+        places = [getattr(k, column) for k in order]
+        assert places == list(range(len(places))), (column, places)
+    assert all(k.label and k.describe for k in REPORT_ROWS if k.name not in ("sp", "micro_batch"))
+
+
+def test_search_space_fields_are_the_searched_knobs():
+    from autosp.planner.search.space import SearchSpace
+
+    declared = {f.name for f in dataclasses.fields(SearchSpace)} & KNOB_NAMES
+    assert declared == set(SEARCHED) and SearchSpace.KNOBS == SEARCHED
+
+
+def test_no_hand_lists_of_knob_names():
+    offenders, used = [], set()
+    for top in SOURCES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for line, scope, names in hand_lists(ast.parse(path.read_text(), filename=rel)):
+                if (rel, scope) in ALLOWED:
+                    used.add((rel, scope))
+                else:
+                    offenders.append(f"{rel}:{line} ({scope}): {', '.join(names)}")
+    assert not offenders, ("hand lists of knob names; loop over autosp.contract.knobs.KNOBS instead (or add an "
+                           "ALLOWED entry saying why):\n" + "\n".join(offenders))
+    stale = [key for key in ALLOWED if key not in used and key[0] != "autosp/contract/knobs.py"]
+    assert not stale, f"ALLOWED entries that no longer match anything: {stale}"
+
+
+@pytest.mark.parametrize("source, count", [
+    ("x = ('sp', 'ring', 'ep')", 1),
+    ("d = {'mlp_chunks': c.mlp_chunks, 'loss_chunks': c.loss_chunks, 'overlap': c.overlap}", 1),
+    ("Candidate(sp=a.sp, dp=a.dp, ring=a.ring)", 1),
+    ("def f(sp, ring, zero_stage, ep): pass", 1),
+    ("class C:\n    sp: int\n    dp: int\n    ep: int", 1),
+    ("x = ('sp', 'ring', 'other')", 0),
+    ("f(sp=1, ring=2, ep=1)", 0),  # a point of the space, not a list of knobs
+    ("d = {'sp': 1, 'zero_stage': 3, 'checkpointing': 'full'}", 0),
+    ("key = (c.offload_param, -c.sp, ORDER.index(c.checkpointing))", 1),
+    ("names = {'sp': 'sp', 'ring': 'ring', 'zero_stage': 'ZeRO', 'micro_batch': 'mb', 'grad_accum': 'ga', "
+     "'checkpointing': 'ckpt', 'mlp_chunks': 'mlp', 'loss_chunks': 'loss'}", 1),
+    ("def rule(sequence_chunks, checkpointing, overlap): pass", 0),  # one rule's inputs
+])
+def test_the_check_finds_hand_lists(source, count):
+    assert len(hand_lists(ast.parse(source))) == count
