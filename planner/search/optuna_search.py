@@ -305,6 +305,30 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
     study = _Study(target, seed, trials, value_fn, label, shared=shared)
     bar = progress_bar(None if deadline is not None else max(trials, len(warm_starts(target))) + REFINE_STARTS + 3,
                        label)  # a time budget: count trials, no total
+    _sample(study, target, evaluator, seq, trials, shared, deadline, bar)
+    after_trials = evaluator.calls
+    structure_sweep(target, lambda c: evaluator(c, seq))
+    after_sweep = evaluator.calls
+    ends = _refine(target, evaluator, seq, bar)
+    after_refine = evaluator.calls
+    completed = _complete_families(target, evaluator, seq)
+    if completed is not None:
+        ends.append(completed)
+    bar.close()
+    ranked = ranked_at(evaluator, seq)
+    details = {"trial_evaluations": after_trials, "sweep_evaluations": after_sweep - after_trials,
+               "refine_evaluations": after_refine - after_sweep, "family_evaluations": evaluator.calls - after_refine}
+    if study.stopped_by_deadline:
+        details["stopped_by"] = f"time budget after {study.n_trials} trials"
+
+    if shared is not None:
+        ranked, details["study"] = _record_and_rank(study, target, evaluator, seq, ranked, ends)
+    return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked, evaluations=evaluator.calls,
+                        trials=study.n_trials, details=details, study=study.study)
+
+
+def _sample(study, target, evaluator, seq: int, trials: int, shared, deadline, bar) -> None:
+    """The warm starts and the sampler's trials; in a shared study, every worker's finished trials scored too."""
     if shared is None or not shared.collect_only:
         study.run(study.enqueue(warm_starts(target)[:trials]), bar)  # a worker's --trials N bounds its starts too
         study.run(max(0, trials - study.n_trials), bar, deadline)
@@ -320,10 +344,10 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
         for cand in finished:
             if not target.reason(cand):
                 evaluator(cand, seq)
-    after_trials = evaluator.calls
-    structure_sweep(target, lambda c: evaluator(c, seq))
-    after_sweep = evaluator.calls
 
+
+def _refine(target, evaluator, seq: int, bar) -> list:
+    """The local refinement: the end point of each climb (the best candidates scored so far are its starts)."""
     keys = {}
 
     def key(c):
@@ -363,7 +387,11 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
                 yield done
 
         ends.append(hill_climb(target, min(ends, key=key), better, fits, faster, with_completions))
-    after_refine = evaluator.calls
+    return ends
+
+
+def _complete_families(target, evaluator, seq: int):
+    """The family completion (:func:`family_sweep`), in bulk where the space allows it: its best candidate or None."""
     from autosp.planner.search import bulk_search
 
     if bulk_search.supported(target):  # whole families in bulk: many more of them for the same time
@@ -372,19 +400,7 @@ def optuna_throughput(space, evaluator: Evaluator, trials: int = DEFAULT_TRIALS,
                                  best_of=lambda members: bulk_search.best_of(members, evaluator, seq))
     else:
         completed = family_sweep(target, ranked_at(evaluator, seq), lambda c: evaluator(c, seq))
-    if completed is not None:
-        ends.append(completed)
-    bar.close()
-    ranked = ranked_at(evaluator, seq)
-    details = {"trial_evaluations": after_trials, "sweep_evaluations": after_sweep - after_trials,
-               "refine_evaluations": after_refine - after_sweep, "family_evaluations": evaluator.calls - after_refine}
-    if study.stopped_by_deadline:
-        details["stopped_by"] = f"time budget after {study.n_trials} trials"
-
-    if shared is not None:
-        ranked, details["study"] = _record_and_rank(study, target, evaluator, seq, ranked, ends)
-    return SearchResult(strategy="optuna", seq_len=seq, ranked=ranked, evaluations=evaluator.calls,
-                        trials=study.n_trials, details=details, study=study.study)
+    return completed
 
 
 def _record_and_rank(study, target, evaluator, seq, ranked, ends):
