@@ -131,16 +131,35 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
     times = "×" if uni else "x"
-    c, e, w, hw, m = plan.candidate, plan.estimate, plan.workload, plan.hardware, plan.model
+    w, m = plan.workload, plan.model
     lines = []
-    head = (f"autosp plan: {m.name} at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) on {_hw_line(hw)}"
+    head = (f"autosp plan: {m.name} at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) on {_hw_line(plan.hardware)}"
             f"{dot}{w.dtype}{dot}objective {plan.objective}")
     lines.append(head)
     if plan.objective == "max-ctx":
         lines.append(f"  longest trainable context: {w.seq_len:,} tokens (searched in steps of "
                      f"{plan.search.get('max_ctx_granule', 1024):,})")
     lines.append("")
+    lines += _plan_lines(plan, times)
+    lines += _memory_lines(plan, uni)
+    lines += _prediction_lines(plan, dot, times)
+    measured = plan.search.get("measured")
+    if measured:
+        lines.extend(_measured_lines(measured, plan.candidate))
+    if plan.runner_ups:
+        lines.append("Runner-ups (why they lost)")
+        for i, r in enumerate(plan.runner_ups, 1):
+            lines.append(f"  {i}. {r.candidate.short()}")
+            lines.append(f"     {r.lost_because}")
+        lines.append("")
+    lines += _search_lines(plan, written)
+    return "\n".join(lines) + "\n"
 
+
+def _plan_lines(plan, times: str) -> list[str]:
+    """The ``Plan`` section: one row per knob of the knob table, the layout's why, padding."""
+    c, w, hw, m = plan.candidate, plan.workload, plan.hardware, plan.model
+    lines = []
     sequences = c.micro_batch * c.grad_accum * c.dp
     lines.append("Plan")
     rows = []
@@ -169,7 +188,13 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         lines.append(f"  {'padding':<30}{pad:,} tokens ({100 * plan.search.get('padding_fraction', 0):.3f}%) to a "
                      f"multiple of {multiple}")
     lines.append("")
+    return lines
 
+
+def _memory_lines(plan, uni: bool) -> list[str]:
+    """The ``Memory per GPU`` section: each term, its share of the usable memory, the headroom, host memory."""
+    c, e, hw, m = plan.candidate, plan.estimate, plan.hardware, plan.model
+    lines = []
     cap = e.capacity_bytes
     mem = e.memory
     lines.append(f"Memory per GPU (usable {format_gib(cap)} of {format_gib(hw.accelerator.memory_bytes)})")
@@ -189,7 +214,13 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
         lines.append(f"  {'host memory':<20}{e.host_bytes / GIB:>9,.2f} GiB per GPU, {per_node / GIB:,.0f} GiB per node "
                      f"(of {hw.host_memory_bytes / GIB:,.0f} GiB)")
     lines.append("")
+    return lines
 
+
+def _prediction_lines(plan, dot: str, times: str) -> list[str]:
+    """The ``Prediction`` section: step time and its parts, communication, throughput, MFU, notes."""
+    c, e, m = plan.candidate, plan.estimate, plan.model
+    lines = []
     t = e.time
     lines.append("Prediction")
     lines.append(f"  {'step time':<20}{format_seconds(t.step)}   (compute {format_seconds(t.compute)}, of which "
@@ -211,17 +242,12 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     if profile.startswith("analytic fallback"):
         lines.append(f"  note: {m.name} is priced with the analytic Llama-block formulas: {profile[len('analytic fallback'):].strip(' ()')}")
     lines.append("")
+    return lines
 
-    measured = plan.search.get("measured")
-    if measured:
-        lines.extend(_measured_lines(measured, plan.candidate))
-    if plan.runner_ups:
-        lines.append("Runner-ups (why they lost)")
-        for i, r in enumerate(plan.runner_ups, 1):
-            lines.append(f"  {i}. {r.candidate.short()}")
-            lines.append(f"     {r.lost_because}")
-        lines.append("")
 
+def _search_lines(plan, written) -> list[str]:
+    """How the plan was found (search, pins, shared study), the wall time, and the files written."""
+    lines = []
     s = plan.search
     cache = s.get("cache", "off")
     if s.get("strategy") == "explain":
@@ -248,7 +274,7 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     lines.append(f"Wall     {format_seconds(s.get('wall_time_s', 0.0))}{' (cached)' if cache == 'hit' else ''}")
     if written:
         lines.append(f"Wrote    {', '.join(written)}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _measured_lines(measured: dict, chosen) -> list[str]:
