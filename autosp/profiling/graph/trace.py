@@ -500,7 +500,6 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
     at ``seq_len`` tokens. The model output (and its logits) stays referenced through the backward, as
     in a training loop that keeps ``outputs`` around."""
     trace = StepTrace(seq_len=seq_len, batch=batch, n_layers=n_layers, dtype=str(TRACE_DTYPE).replace("torch.", ""))
-    pass
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         model = build(n_layers)
         model.train()
@@ -522,42 +521,12 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
             trace.buffer_sids.add(rec.sid_of(b)[0])
         trace.input_sids.add(rec.sid_of(ids)[0])
 
-        # decoder-layer inputs and the gradient arriving at each layer's output
-        hooks = []
-        if stack is not None:
-            root = type(model).__name__
-            for i, layer in enumerate(stack[1]):
-                lname = f"{root}.{stack[0]}.{i}"
-                trace.layer_names.append(lname)
+        hooks = _layer_hooks(trace, model, stack, rec)
 
-                def pre(mod, args, kwargs, lname=lname):
-                    tensors = [a for a in tree_flatten((args, kwargs))[0]
-                               if isinstance(a, torch.Tensor) and a.is_floating_point() and a.requires_grad]
-                    trace.layer_inputs[lname] = tuple(rec.sid_of(t)[0] for t in tensors)
-
-                def bwd_pre(mod, grad_output, lname=lname):
-                    trace.layer_grad_in[lname] = sum(g.numel() * g.element_size() for g in grad_output
-                                                     if isinstance(g, torch.Tensor))
-
-                hooks.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
-                hooks.append(layer.register_full_backward_pre_hook(bwd_pre))
         root = type(model).__name__
         trace.module_classes = {(f"{root}.{n}" if n else root): type(m).__name__ for n, m in model.named_modules()}
 
-        def pack(t):
-            rec.suspended = True
-            try:
-                sid = rec.sid_of(t)[0]
-                trace.saved.setdefault(sid, []).append(len(trace.ops) - 1)
-                return sid, t.detach()   # detached: no reference cycle through the node saving its own output
-            finally:
-                rec.suspended = False
-
-        def unpack(packed):
-            sid, t = packed
-            node = torch._C._current_autograd_node()
-            trace.saved_by.setdefault(sid, set()).add(modules.node_module.get(node, "") if node is not None else "")
-            return t
+        pack, unpack = _saved_tensor_hooks(trace, rec, modules)
 
         # every gradient that reaches a parameter (a tied weight gets several before they are summed) is
         # a parameter gradient, counted with the model states, not with the activations
@@ -577,19 +546,7 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
                 rec.bwd = True
                 trace.backward_start = len(trace.ops)
                 loss.backward()
-            for p in model.parameters():
-                if p.grad is not None:
-                    sid = rec.live.get(p.grad.untyped_storage()._cdata)
-                    if sid is not None:
-                        trace.grad_sids.add(sid)
-            # Parameter-shaped tensors made in the backward are weight gradients (a tied weight's first
-            # gradient waits in the engine's buffer for the second before reaching the hook): model states,
-            # constant in the sequence length. (The traced lengths are not model widths, so no activation
-            # has a parameter's shape.)
-            param_shapes = {tuple(p.shape) for p in model.parameters()}
-            for sid, st in trace.storages.items():
-                if st.producer >= trace.backward_start and st.shape in param_shapes:
-                    trace.grad_sids.add(sid)
+            _mark_weight_gradients(trace, model, rec)
         finally:
             for h in hooks:
                 h.remove()
@@ -597,6 +554,66 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
 
     del fake
     return trace
+
+
+def _layer_hooks(trace: StepTrace, model, stack, rec) -> list:
+    """Hooks that record each decoder layer's inputs and the gradient arriving at its output."""
+    hooks = []
+    if stack is not None:
+        root = type(model).__name__
+        for i, layer in enumerate(stack[1]):
+            lname = f"{root}.{stack[0]}.{i}"
+            trace.layer_names.append(lname)
+
+            def pre(mod, args, kwargs, lname=lname):
+                tensors = [a for a in tree_flatten((args, kwargs))[0]
+                           if isinstance(a, torch.Tensor) and a.is_floating_point() and a.requires_grad]
+                trace.layer_inputs[lname] = tuple(rec.sid_of(t)[0] for t in tensors)
+
+            def bwd_pre(mod, grad_output, lname=lname):
+                trace.layer_grad_in[lname] = sum(g.numel() * g.element_size() for g in grad_output
+                                                 if isinstance(g, torch.Tensor))
+
+            hooks.append(layer.register_forward_pre_hook(pre, with_kwargs=True))
+            hooks.append(layer.register_full_backward_pre_hook(bwd_pre))
+    return hooks
+
+
+def _saved_tensor_hooks(trace: StepTrace, rec, modules):
+    """(pack, unpack) for ``saved_tensors_hooks``: which op saved each storage, and which module read it back."""
+    def pack(t):
+        rec.suspended = True
+        try:
+            sid = rec.sid_of(t)[0]
+            trace.saved.setdefault(sid, []).append(len(trace.ops) - 1)
+            return sid, t.detach()   # detached: no reference cycle through the node saving its own output
+        finally:
+            rec.suspended = False
+
+    def unpack(packed):
+        sid, t = packed
+        node = torch._C._current_autograd_node()
+        trace.saved_by.setdefault(sid, set()).add(modules.node_module.get(node, "") if node is not None else "")
+        return t
+
+    return pack, unpack
+
+
+def _mark_weight_gradients(trace: StepTrace, model, rec) -> None:
+    """After the backward: the storages that are parameter gradients (model states, not activations)."""
+    for p in model.parameters():
+        if p.grad is not None:
+            sid = rec.live.get(p.grad.untyped_storage()._cdata)
+            if sid is not None:
+                trace.grad_sids.add(sid)
+    # Parameter-shaped tensors made in the backward are weight gradients (a tied weight's first
+    # gradient waits in the engine's buffer for the second before reaching the hook): model states,
+    # constant in the sequence length. (The traced lengths are not model widths, so no activation
+    # has a parameter's shape.)
+    param_shapes = {tuple(p.shape) for p in model.parameters()}
+    for sid, st in trace.storages.items():
+        if st.producer >= trace.backward_start and st.shape in param_shapes:
+            trace.grad_sids.add(sid)
 
 
 __all__ = ["CAUSAL_ATTENTION", "FLOP_FORMULAS", "TRACE_DTYPE", "Op", "SdpaCall", "StepTrace", "Storage",
