@@ -4,10 +4,11 @@
   comes out (the search, the space, the evaluator, the catalogs' readers, every cost-model formula).
   Presentation and infrastructure files (the CLI, the report, the cache, the CI checks, the measured
   trials, this file) are left out: changing them never changes an answer.
-- :func:`cost_model_version`: a hash of the cost model alone (``cost_models/`` and the graph profiler
-  ``autosp/profiling/graph/``, without the calibration tool, which only writes hardware files that are
-  fingerprinted on their own, and without the catalogs' readers, whose output is fingerprinted too). A plan's prediction is
-  reproducible exactly when this and the model/hardware fingerprints are unchanged.
+- :func:`cost_model_version`: a hash of the cost model alone (``cost_models/``, the graph profiler
+  ``autosp/profiling/graph/`` and the contract ``autosp/contract/``, without the calibration tool, which only
+  writes hardware files that are fingerprinted on their own, and without the catalogs' readers, whose output is
+  fingerprinted too). A plan's prediction is reproducible exactly when this and the model/hardware fingerprints
+  are unchanged.
 - ``space.SPACE_VERSION``: the search space (its own module).
 
 Each is a short hex digest of file contents, so a release and a development tree with the same sources
@@ -20,13 +21,15 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+import autosp.contract
 import autosp.profiling
 
 _PLANNER = Path(__file__).resolve().parent
 _COST_MODELS = _PLANNER.parent / "cost_models"
-# autosp/profiling sits under autosp/ in the source tree but beside planner/ in an installed wheel: found through
-# the (torch-free) package itself, and named by the same label in both layouts (see _label)
+# autosp/profiling and autosp/contract sit under autosp/ in the source tree but beside planner/ in an installed
+# wheel: found through the (torch-free) packages themselves, and named by the same label in both layouts (_label)
 _GRAPH_PROFILING = Path(autosp.profiling.__file__).resolve().parent / "graph"
+_CONTRACT = Path(autosp.contract.__file__).resolve().parent
 
 PRESENTATION = frozenset({"ds_config.py", "check.py", "artifacts.py", "reprice.py", "measure.py", "versions.py"})
 """Planner modules that never change which plan comes out (left out of :func:`code_version`; so are the
@@ -34,10 +37,11 @@ plan cache and the command lines with their reports, sub-packages)."""
 
 
 def _cost_model_files() -> list[Path]:
-    """The cost model's formulas, and the graph profiler whose profiles they price (it was part of
-    ``cost_models/`` once; its source is still part of the stamp)."""
+    """The cost model's formulas, the graph profiler whose profiles they price, and the contract (the specs, the
+    knob table, the admission rules and op tables the model and the search read; they were part of ``cost_models/``
+    and ``planner/`` once, and are still part of the stamp)."""
     return sorted([p for p in _COST_MODELS.rglob("*.py") if "catalog" not in p.relative_to(_COST_MODELS).parts]
-                  + list(_GRAPH_PROFILING.glob("*.py")))
+                  + list(_GRAPH_PROFILING.glob("*.py")) + list(_CONTRACT.glob("*.py")))
 
 
 def _catalog_files() -> list[Path]:
@@ -47,12 +51,14 @@ def _catalog_files() -> list[Path]:
 def _label(path: Path) -> str:
     if path.is_relative_to(_GRAPH_PROFILING):
         return str(Path("profiling", "graph", path.relative_to(_GRAPH_PROFILING)))
+    if path.is_relative_to(_CONTRACT):
+        return str(Path("contract", path.relative_to(_CONTRACT)))
     return str(path.relative_to(_PLANNER.parent))
 
 
 def _digest(paths) -> str:
     digest = hashlib.sha256()
-    for path in paths:
+    for path in sorted(paths, key=_label):  # by label: the same order in a source tree and an installed wheel
         digest.update(_label(path).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -65,9 +71,15 @@ def cost_model_version() -> str:
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    planner = sorted([p for p in _PLANNER.glob("*.py") if p.name not in PRESENTATION]
-                     + list((_PLANNER / "search").glob("*.py")))
-    return _digest(planner + _catalog_files() + _cost_model_files())
+    return _digest(_code_files())
+
+
+def _code_files() -> list[Path]:
+    """The planner's modules that decide the answer (its root, less PRESENTATION, and the search), the catalogs'
+    readers and the cost model."""
+    planner = [p for p in _PLANNER.glob("*.py") if p.name not in PRESENTATION]
+    planner += (_PLANNER / "search").glob("*.py")
+    return planner + _catalog_files() + _cost_model_files()
 
 
 def stamps() -> dict:
