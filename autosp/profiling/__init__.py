@@ -1,7 +1,7 @@
-"""Measuring what the cost model consumes: the two torch tools that produce its profiles.
+"""Measuring what the cost model consumes: the two torch tools that produce what it reads.
 
 - :mod:`.calibration` (``autosp-calibrate``, :mod:`.calibrate`): measures a machine and writes a hardware
-  profile (a :class:`~autosp.contract.specs.HardwareSpec` JSON) that ``autosp-plan --hw FILE`` reads.
+  file (a :class:`~autosp.contract.specs.HardwareSpec` JSON) that ``autosp-plan --hw FILE`` reads.
 - :mod:`.graph`: traces a model under FakeTensorMode and fits its
   :class:`~autosp.cost_models.profile.ModelProfile` (the cost model's per-layer quantities).
 

@@ -3,7 +3,7 @@
 - ``contract`` (autosp/contract: the types and rules the planner and the compiler share) imports nothing from
   ``planner``, ``compiler``, ``cost_models`` or ``profiling``;
 - ``cost_models`` imports nothing from ``planner``, ``compiler`` or ``profiling``;
-- ``profiling`` (calibration, graph profiling: the tools that produce the profiles the cost model reads)
+- ``profiling`` (calibration, graph profiling: the tools that measure what the cost model reads)
   imports nothing from ``planner`` or ``compiler``;
 - ``planner`` imports nothing from ``compiler``;
 - ``compiler`` imports nothing from ``planner`` (a plan file is read by ``autosp.contract.plan``);
