@@ -107,17 +107,6 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     if base.world_size > hw.world_size:
         raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
     sh = Shapes(model, workload, base, profile)
-    r = _row_arrays(rows)
-    total, per_layer = _group_memory(hw, workload, base, sh, r)
-    step = _group_step_time(hw, base, sh, r, per_layer)
-    tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
-    ok = (step > 0) & np.isfinite(step)
-    tps = np.where(ok, tokens / np.where(ok, step, 1.0), 0.0)
-    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
-
-
-def _row_arrays(rows: dict) -> SimpleNamespace:
-    """The rows' knobs as arrays, and the facts about them both halves read."""
     zero = np.asarray(rows["zero_stage"])
     opt = np.asarray(rows["offload_optimizer"], dtype=bool)
     param = np.asarray(rows["offload_param"], dtype=bool) & (zero == 3)
@@ -136,16 +125,7 @@ def _row_arrays(rows: dict) -> SimpleNamespace:
     loss_values = [int(v) for v in np.unique(loss)]
     zeros = [int(v) for v in np.unique(zero)]
 
-    return SimpleNamespace(zero=zero, opt=opt, param=param, ckpt=ckpt, mlp=mlp, loss=loss, off_chunks=off_chunks,
-                           off_act=off_act, overlap=overlap, n=n, full=full, loss_tiled=loss_tiled, mlp_tiled=mlp_tiled,
-                           policies=policies, mlp_values=mlp_values, loss_values=loss_values, zeros=zeros)
-
-
-def _group_memory(hw: HardwareSpec, workload: Workload, base: Candidate, sh: Shapes, r) -> tuple:
-    """(peak memory per GPU, activation bytes per layer) of each row: memory.memory_breakdown, in arrays."""
-    zero, opt, param, ckpt, mlp, loss, full = r.zero, r.opt, r.param, r.ckpt, r.mlp, r.loss, r.full
-    off_chunks, off_act, loss_tiled, mlp_tiled = r.off_chunks, r.off_act, r.loss_tiled, r.mlp_tiled
-    policies, mlp_values, loss_values, zeros = r.policies, r.mlp_values, r.loss_values, r.zeros
+    # ------------------------------------------------------------------ memory (memory.memory_breakdown)
     dtype, e, s, L, N = workload.dtype, sh.e, sh.s, sh.L, sh.N
     nd = base.sp * base.dp
     psi = sh.n_params
@@ -216,24 +196,8 @@ def _group_memory(hw: HardwareSpec, workload: Workload, base: Candidate, sh: Sha
     dynamic = activations + logits + buffers + gathered
     reserve = memory.CUDA_CONTEXT_BYTES + (memory.NCCL_BYTES if nd > 1 else 0.0) + memory.FRAGMENTATION * dynamic
     total = params + grads + optim + activations + logits + buffers + reserve
-    return total, per_layer
 
-
-def _group_step_time(hw: HardwareSpec, base: Candidate, sh: Shapes, r, per_layer):
-    """Step time of each row: step_time.step_time_parts, in arrays."""
-    c = _group_compute(hw, base, sh, r)
-    return _group_communication(hw, base, sh, r, per_layer, c)
-
-
-def _group_compute(hw: HardwareSpec, base: Candidate, sh: Shapes, r) -> SimpleNamespace:
-    """Forward, backward, recompute and optimizer time of each row, and the exposed parameter and optimizer
-    offload (step_time's _micro_compute, _optimizer_times and the parameter fetches)."""
-    zero, opt, param, ckpt, mlp, loss, full = r.zero, r.opt, r.param, r.ckpt, r.mlp, r.loss, r.full
-    loss_tiled, mlp_tiled, policies = r.loss_tiled, r.mlp_tiled, r.policies
-    e, L, N = sh.e, sh.L, sh.N
-    nd = base.sp * base.dp
-    psi = sh.n_params
-    chunked = N > 1
+    # ------------------------------------------------------------------ time (step_time.step_time_parts)
     acc = hw.accelerator
     mm_rate = acc.peak_flops * hw.matmul_efficiency
     att_rate = acc.peak_flops * hw.attention_efficiency
@@ -287,23 +251,7 @@ def _group_compute(hw: HardwareSpec, base: Candidate, sh: Shapes, r) -> SimpleNa
 
     param_exposed = np.where(param, fetch_exposed(t_fwd) + fetch_exposed(t_bwd)
                              + np.where(full, fetch_exposed(t_recompute), 0.0), 0.0)
-    return SimpleNamespace(t_fwd=t_fwd, t_bwd=t_bwd, t_recompute=t_recompute, t_micro=t_micro, t_att_fwd=t_att_fwd,
-                           mm_rate=mm_rate, link=link, forwards=forwards, with_attention=with_attention,
-                           t_optimizer=t_optimizer, optimizer_offload=optimizer_offload, param_exposed=param_exposed)
 
-
-def _group_communication(hw: HardwareSpec, base: Candidate, sh: Shapes, r, per_layer, c) -> np.ndarray:
-    """The step of each row: its compute ``c`` plus the exposed all-to-alls, ring P2P, activation offload and
-    ZeRO communication."""
-    zero, off_chunks, off_act, overlap, n, full, zeros = r.zero, r.off_chunks, r.off_act, r.overlap, r.n, r.full, r.zeros
-    e, s, L, N = sh.e, sh.s, sh.L, sh.N
-    psi = sh.n_params
-    chunked = N > 1
-    recomputed = full & chunked
-    saved_chunk = s * chunks.saved_bytes_per_token(sh)
-    prof, link, forwards, with_attention = sh.prof, c.link, c.forwards, c.with_attention
-    t_fwd, t_bwd, t_recompute, t_att_fwd, mm_rate = c.t_fwd, c.t_bwd, c.t_recompute, c.t_att_fwd, c.mm_rate
-    t_micro, t_optimizer, optimizer_offload, param_exposed = c.t_micro, c.t_optimizer, c.optimizer_offload, c.param_exposed
     # Ulysses all-to-alls
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_a2a = t_q + t_k + t_v + t_o
@@ -370,7 +318,11 @@ def _group_communication(hw: HardwareSpec, base: Candidate, sh: Shapes, r, per_l
     compute = ga * t_micro + t_optimizer
     exposed = ga * exposed_attention_micro + zero_exposed
     offload = ga * (offload_micro + param_exposed) + optimizer_offload
-    return compute + exposed + offload
+    step = compute + exposed + offload
+    tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
+    ok = (step > 0) & np.isfinite(step)
+    tps = np.where(ok, tokens / np.where(ok, step, 1.0), 0.0)
+    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
 
 
 def shape_of(cand: Candidate) -> tuple:
