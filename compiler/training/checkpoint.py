@@ -243,10 +243,7 @@ def model_description(module) -> dict:
 def save_engine_checkpoint(engine, directory: str, client_state: dict | None = None) -> str:
     """Write ``engine``'s full training state to ``directory`` (see the module docstring). Collective: every rank
     calls it with the same directory (on a filesystem all ranks see). Returns the directory."""
-    from safetensors.torch import save as safetensors_bytes
-
     ds = engine.ds_engine
-    module = ds.module
     rank, world = _rank_world()
     directory = os.path.abspath(directory)
     parent, name = os.path.split(directory)
@@ -265,7 +262,29 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
     keys, scalars = _optimizer_keys(inner) if inner is not None else ([], {})
     keys_agreed = _broadcast_object((keys, scalars))
     keys, scalars = keys_agreed
+    params, files, failure = _write_shards(ds, inner, keys, partial, rank)
+    failure = _write_states(ds, inner, scalars, partial, rank, files, failure)
+    _fail_together(failure, partial, directory, rank)
+    if rank == 0:
+        meta = _meta(engine, inner, keys, scalars, params, files, partial, world, client_state)
+        try:
+            write_file(os.path.join(partial, META), json.dumps(meta, indent=1, default=str).encode())
+            fsync_dir(os.path.join(partial, "rng"))
+            fsync_dir(partial)
+            _publish(partial, directory)
+        except OSError as err:
+            failure = err
+    _fail_together(failure, partial, directory, rank)
+    return directory
+
+
+def _write_shards(ds, inner, keys: list, partial: str, rank: int):
+    """Every parameter's full weight and optimizer states, gathered, in safetensors shards of about SHARD_BYTES:
+    ({parameter: its shape and shard}, {file: bytes}, the first OSError of rank 0 or None)."""
+    from safetensors.torch import save as safetensors_bytes
+
     params, files, pending, pending_bytes, shard = {}, {}, {}, 0, 0
+    failure = None
 
     def flush():
         nonlocal pending, pending_bytes, shard, failure
@@ -284,7 +303,7 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
 
     # Every rank runs the same loop (the gathers are collectives) and counts the same bytes, so all agree on
     # which shard holds which parameter; only rank 0 keeps and writes the tensors.
-    for pname, param in named_parameters(module):
+    for pname, param in named_parameters(ds.module):
         weight = _full_weight(param)
         tensors = {f"weight/{pname}": weight}
         for key in keys:
@@ -296,7 +315,13 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
         if pending_bytes >= SHARD_BYTES:
             flush()
     flush()
+    return params, files, failure
 
+
+def _write_states(ds, inner, scalars: dict, partial: str, rank: int, files: dict, failure):
+    """This rank's RNG state; on rank 0 the engine's state (optimizer groups and scalars, scheduler, counters) and
+    the model config. Returns the first failure (``failure`` if one came before)."""
+    module = ds.module
     rng_file = f"rng/rank-{rank:05d}.pt"
     try:
         write_file(os.path.join(partial, rng_file), _torch_bytes(rng_state()))
@@ -323,26 +348,22 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
                 files["config.json"] = len(data)
         except OSError as err:
             failure = err
-    _fail_together(failure, partial, directory, rank)
-    if rank == 0:
-        for r in range(world):
-            rf = os.path.join(partial, f"rng/rank-{r:05d}.pt")
-            files[f"rng/rank-{r:05d}.pt"] = os.path.getsize(rf)
-        c = engine.candidate
-        meta = {"format": FORMAT, "version": VERSION, "autosp_version": _version(), "world": world,
-                "candidate": asdict(c), "plan": c.short(), "dtype": engine.dtype, "step": int(ds.global_steps),
-                "model": model_description(module), "optimizer": {"class": type(inner).__name__ if inner else None,
-                                                                  "tensor_states": keys, "scalars": scalars},
-                "params": params, "files": files, "client_state": client_state or {}}
-        try:
-            write_file(os.path.join(partial, META), json.dumps(meta, indent=1, default=str).encode())
-            fsync_dir(os.path.join(partial, "rng"))
-            fsync_dir(partial)
-            _publish(partial, directory)
-        except OSError as err:
-            failure = err
-    _fail_together(failure, partial, directory, rank)
-    return directory
+    return failure
+
+
+def _meta(engine, inner, keys: list, scalars: dict, params: dict, files: dict, partial: str, world: int,
+          client_state) -> dict:
+    """The checkpoint's meta.json (rank 0, once every rank's files are written): what it holds and for which plan."""
+    ds = engine.ds_engine
+    for r in range(world):
+        rf = os.path.join(partial, f"rng/rank-{r:05d}.pt")
+        files[f"rng/rank-{r:05d}.pt"] = os.path.getsize(rf)
+    c = engine.candidate
+    return {"format": FORMAT, "version": VERSION, "autosp_version": _version(), "world": world,
+            "candidate": asdict(c), "plan": c.short(), "dtype": engine.dtype, "step": int(ds.global_steps),
+            "model": model_description(ds.module), "optimizer": {"class": type(inner).__name__ if inner else None,
+                                                                 "tensor_states": keys, "scalars": scalars},
+            "params": params, "files": files, "client_state": client_state or {}}
 
 
 def _publish(partial: str, directory: str) -> None:
