@@ -109,8 +109,25 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
     model_spec, profile, hw_spec, workload = resolved.model, resolved.profile, resolved.hardware, resolved.workload
     seq_len, global_batch = request.ctx, request.global_batch
 
+    from autosp.planner.space_version import SPACE_VERSION
+
+    request_key = resolved.key_material(trials, SPACE_VERSION)
+    store, key = None, None
+    if cache is not None and cache is not False and storage is None and measure is None:
+        # Looked up before the space is built: a cached request passed its checks when it was planned (same
+        # key, same request and code), and a hit then imports neither the space nor the search.
+        from autosp.planner import cache as plan_cache
+        from autosp.planner.cache.hits import cached_plan
+
+        store = plan_cache.open_store(None if cache is True else cache)
+        key = plan_cache.request_key(request_key)
+        hit = cached_plan(store, key, started, request_key)
+        if hit is not None:
+            store.close()
+            return hit
+
     from autosp.planner.evaluator import CTX_GRANULE, Evaluator
-    from autosp.planner.space import SPACE_VERSION, build_space
+    from autosp.planner.space import build_space
     from autosp.planner.versions import code_version, cost_model_version
 
     if measure is not None:
@@ -128,7 +145,6 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
                          f"available here ({', '.join(map(str, dps))}); use a multiple of one of them")
 
-    request_key = resolved.key_material(trials, SPACE_VERSION)
     shared = None
     if storage is not None:
         from autosp.planner.study import Shared, default_worker, study_key
@@ -137,18 +153,6 @@ def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, st
         shared = Shared(storage=storage, study_name=study_name or f"autosp-{skey[:12]}", request_key=skey,
                         summary=f"{model_spec.name} at {format_tokens(workload.seq_len)} tokens on {hw_spec.name}",
                         worker=worker or default_worker(), collect_only=collect_only)
-    store, key = None, None
-    if cache is not None and cache is not False and shared is None and measure is None:
-        from autosp.planner import cache as plan_cache
-        from autosp.planner.cache.hits import cached_plan
-
-        store = plan_cache.open_store(None if cache is True else cache)
-        key = plan_cache.request_key(request_key)
-        hit = cached_plan(store, key, started, request_key)
-        if hit is not None:
-            store.close()
-            return hit
-
     evaluator = Evaluator(space)
     search_started = time.perf_counter()
     strategy = search

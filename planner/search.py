@@ -47,7 +47,6 @@ import warnings
 from dataclasses import asdict, replace
 
 from autosp.planner.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
-from autosp.planner.space import chunk_overlap
 
 DEFAULT_TRIALS = 60
 MAX_TRIALS = 10_000
@@ -245,6 +244,8 @@ def _single_moves(space, cand, stronger: bool) -> list:
     for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "checkpointing", "zero_stage"):
         step(name, up=stronger)
     step("micro_batch", up=not stronger)
+    from autosp.planner.space import chunk_overlap  # not at the top: a plan cache hit imports only the constants here
+
     for move in moves:  # sequence chunks take kv_async where head_pipeline was
         move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
     if cand.sequence_chunks > 1 and cand.offload_chunks != stronger:
@@ -354,6 +355,8 @@ def _walk(space, cand, estimate):
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
+        from autosp.planner.space import chunk_overlap
+
         for option in options:  # sequence chunks take kv_async where head_pipeline was
             option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
         if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
