@@ -14,7 +14,7 @@ def _run(prog: str, module: str, argv=None) -> int:
 
 
 def plan_main(argv=None) -> int:
-    return _run("autosp-plan", "autosp.planner.cli", argv)
+    return _run("autosp-plan", "autosp.planner.cli.main", argv)
 
 
 def train_main(argv=None) -> int:
@@ -26,7 +26,7 @@ def export_main(argv=None) -> int:
 
 
 def calibrate_main(argv=None) -> int:
-    return _run("autosp-calibrate", "autosp.cost_models.calibrate", argv)
+    return _run("autosp-calibrate", "autosp.profiling.calibrate", argv)
 
 
 __all__ = ["calibrate_main", "export_main", "plan_main", "train_main"]

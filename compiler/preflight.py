@@ -209,7 +209,7 @@ def check_host_memory(facts: ModelFacts, launch: Launch, candidate, seq: int) ->
     """Every process on this machine first builds the whole model in fp32 host memory (DeepSpeed moves and
     partitions it afterwards) and holds the full batch of token ids (int64): refuse when those alone cannot
     fit, rather than be killed minutes later."""
-    from autosp.cost_models.calibration.limits import available_memory
+    from autosp.profiling.calibration.limits import available_memory
 
     available = available_memory()
     if available is None:

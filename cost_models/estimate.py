@@ -2,7 +2,7 @@
 
 Every model-dependent cost comes from a :class:`~autosp.cost_models.profile.ModelProfile`: by default
 the analytic one of ``model`` (docs/cost_model.md); pass ``profile=`` a graph-derived one
-(:func:`autosp.cost_models.graph_profile.load_or_build`, docs/graph_profile.md) to price a model
+(:func:`autosp.profiling.graph.load_or_build`, docs/graph_profile.md) to price a model
 that is not Llama-shaped.
 
 ``estimate`` raises ValueError (with the reason) for candidates the model cannot run: query heads

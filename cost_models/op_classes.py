@@ -1,7 +1,7 @@
 """Op classes shared by the cost model and the compiler: which aten ops are matmuls or attention, and which
 classes each checkpointing policy keeps.
 
-The graph-derived cost model (:mod:`autosp.cost_models.graph_profile`) classifies the ops of a traced
+The graph-derived cost model (:mod:`autosp.profiling.graph`) classifies the ops of a traced
 training step with these tables to predict what each policy saves and recomputes; the compiler
 (:mod:`autosp.compiler.passes.checkpointing`) classifies the ops of the joint graph with the same tables
 to tag what the partitioner must save or recompute. Defining them once keeps the prediction and the

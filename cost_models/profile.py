@@ -5,7 +5,7 @@ memory.py, flops.py and step_time.py read every model-dependent quantity from a 
 
 - :func:`analytic_profile` turns a :class:`ModelSpec` into the profile of the hand-derived Llama-block
   formulas of docs/cost_model.md. The cost model with it is the analytic model, bit for bit.
-- :mod:`autosp.cost_models.graph_profile` measures the same quantities by tracing the real model under
+- :mod:`autosp.profiling.graph` measures the same quantities by tracing the real model under
   FakeTensorMode (docs/graph_profile.md) and returns a profile with ``source == "graph"``.
 
 Units. Per-token activation quantities are :class:`Elems`: elements per local token in the training

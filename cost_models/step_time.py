@@ -6,6 +6,8 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from autosp.cost_models import chunks as seq_chunks, comm, flops, moe, param_offload, ring, softcap
 from autosp.cost_models.shapes import Shapes
 from autosp.cost_models.specs import Candidate, HardwareSpec, TimeBreakdown
@@ -78,13 +80,53 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     """(TimeBreakdown, ring P2P seconds per step, of which exposed). The ring's P2P is part of the
     breakdown's ``attention_comm`` (with the all-to-alls) and its exposed share part of ``exposed_comm``;
     the two extra numbers let the estimate explain it."""
+    c = _micro_compute(hw, cand, sh)
+    t_optimizer, optimizer_offload = _optimizer_times(hw, cand, sh, n_params, c)
+    # parameter offload: each pass fetches the weights from the host, prefetched under its compute
+    passes_compute = (c.fwd, c.recompute, c.bwd) if param_offload.passes(cand) == 3 else (c.fwd, c.bwd)
+    _param_copy, param_exposed = param_offload.fetch_times(hw, cand, sh, passes_compute, ZERO_OVERLAP_FRACTION)
+    attention_comm_micro, exposed_attention_micro, ring_micro, ring_exposed_micro = _attention_comm(hw, cand, sh, c)
+    offload_micro = _activation_offload(hw, cand, sh, c, offload_layer_bytes)
+    # mixture of experts: dispatch and combine all-to-alls, on the critical path (cost_models/moe.py)
+    expert_micro = comm.expert_all_to_all_time(hw, sh.moe, sh.s, sh.e, flops.layer_forwards_recomputed(sh, cand)[0],
+                                               cand.mlp_chunks)
+    zero_total, zero_exposed = _zero(hw, cand, sh, n_params, c)
+
+    ga = cand.grad_accum
+    compute = ga * c.micro + t_optimizer
+    recompute = ga * c.recompute
+    attention_comm = ga * attention_comm_micro
+    exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
+    offload = ga * (offload_micro + param_exposed) + optimizer_offload
+    breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
+                              zero_comm=zero_total, offload=offload, exposed_comm=exposed,
+                              step=compute + exposed + offload, expert_comm=ga * expert_micro)
+    return breakdown, ga * ring_micro, ga * ring_exposed_micro
+
+
+@dataclass(slots=True)  # built once per estimate: no frozen-init overhead
+class _Micro:
+    """The compute of one micro-batch (seconds) and the rates the communication terms compare it with."""
+
+    fwd: float
+    bwd: float
+    recompute: float
+    att_fwd: float  # attention's share of the forward
+    mm_rate: float
+
+    @property
+    def micro(self) -> float:
+        return self.fwd + self.bwd + self.recompute
+
+
+def _micro_compute(hw: HardwareSpec, cand: Candidate, sh: Shapes) -> _Micro:
+    """Forward, backward and recompute time of one micro-batch: matmuls, attention, pointwise traffic, and
+    the fixed overhead of each tile and chunk."""
     peak = hw.accelerator.peak_flops
     mm_rate = peak * hw.matmul_efficiency
     att_rate = peak * hw.attention_efficiency
     mem_bw = hw.accelerator.memory_bandwidth
     L = sh.L
-
-    # --- compute of one micro-batch ---
     mm_fwd = flops.matmul_flops_forward(sh) + moe.imbalance_flops_forward(sh.moe, sh.s)  # busiest EP rank
     att_fwd = flops.attention_flops_forward(sh)
     mm_re, att_re = flops.recompute_flops(sh, cand)
@@ -108,7 +150,12 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         t_recompute += TILE_OVERHEAD_S * cand.loss_chunks * 2
     if sh.N > 1:  # every chunk of every layer in the forward, each recompute and the backward
         t_recompute += TILE_OVERHEAD_S * sh.N * L * (2 + flops.layer_forwards_recomputed(sh, cand)[0])
-    t_micro = t_fwd + t_bwd + t_recompute
+    return _Micro(fwd=t_fwd, bwd=t_bwd, recompute=t_recompute, att_fwd=t_att_fwd, mm_rate=mm_rate)
+
+
+def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Micro) -> tuple[float, float]:
+    """(the optimizer step, the exposed host copies of an offloaded optimizer) in seconds."""
+    mem_bw = hw.accelerator.memory_bandwidth
     t_optimizer = (flops.optimizer_bytes(moe.optimizer_params(sh.moe, n_params, cand.zero_stage), cand) / mem_bw
                    if mem_bw > 0 else 0.0)
     optimizer_offload = 0.0
@@ -121,13 +168,14 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
         link = hw.host_bandwidth * hw.comm_efficiency
         # (with parameter offload the step writes the weights into their host partition: nothing goes back)
         optimizer_offload = 0.0 if param_offload.enabled(cand) else comm._xfer(shard_bytes, link)
-        optimizer_offload += max(0.0, comm._xfer(shard_bytes, link) - ZERO_OVERLAP_FRACTION * t_bwd)
+        optimizer_offload += max(0.0, comm._xfer(shard_bytes, link) - ZERO_OVERLAP_FRACTION * c.bwd)
+    return t_optimizer, optimizer_offload
 
-    # --- parameter offload: each pass fetches the weights from the host, prefetched under its compute ---
-    passes_compute = (t_fwd, t_recompute, t_bwd) if param_offload.passes(cand) == 3 else (t_fwd, t_bwd)
-    _param_copy, param_exposed = param_offload.fetch_times(hw, cand, sh, passes_compute, ZERO_OVERLAP_FRACTION)
 
-    # --- Ulysses all-to-alls of one micro-batch ---
+def _attention_comm(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro) -> tuple[float, float, float, float]:
+    """(attention communication, of which exposed, ring P2P, of which exposed) of one micro-batch: the Ulysses
+    all-to-alls and the ring's P2P of every pass that runs attention."""
+    L = sh.L
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_pass = t_q + t_k + t_v + t_o
     # full recompute repeats the forward all-to-alls (sequence never recomputes a collective); a chunked layer
@@ -138,63 +186,59 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     ring_passes = 3 if with_attention else 2
     attention_comm_micro = L * passes * per_pass
     if per_pass > 0:
-        t_proj_q = 2.0 * sh.s * sh.qproj_params / mm_rate
+        t_proj_q = 2.0 * sh.s * sh.qproj_params / c.mm_rate
         chunks = _head_chunks(sh)
-        att_layer_fwd = t_att_fwd / L
+        att_layer_fwd = c.att_fwd / L
         exposed_fwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd, chunks)
         exposed_bwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
-                                              prof.attn_bwd_factor * att_layer_fwd, chunks)
+                                              sh.prof.attn_bwd_factor * att_layer_fwd, chunks)
         exposed_attention_micro = L * (exposed_fwd * (passes - 1) + exposed_bwd)
     else:
         exposed_attention_micro = 0.0
 
-    # --- ring P2P of one micro-batch: each forward pass (forward, full recompute) and the backward ---
-    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, cand, sh, t_att_fwd / L,
-                                                                               prof.attn_bwd_factor)
+    # ring P2P of one micro-batch: each forward pass (forward, full recompute) and the backward
+    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, cand, sh, c.att_fwd / L,
+                                                                               sh.prof.attn_bwd_factor)
     ring_micro = L * (ring_fwd * (ring_passes - 1) + ring_bwd)
     ring_exposed_micro = L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
     attention_comm_micro += ring_micro
     exposed_attention_micro += ring_exposed_micro
+    return attention_comm_micro, exposed_attention_micro, ring_micro, ring_exposed_micro
 
-    # --- activation offload: D2H in forward, H2D in backward, per layer, overlapped with compute ---
+
+def _activation_offload(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro, offload_layer_bytes: float) -> float:
+    """Exposed activation offload of one micro-batch: D2H in forward, H2D in backward, per layer, overlapped with
+    compute."""
+    L = sh.L
     offload_micro = 0.0
     recomputed = sh.N > 1 and cand.checkpointing == "full"
     if cand.offload_chunks:
         link = hw.host_bandwidth * hw.comm_efficiency
         dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
         layer_set = sh.s * seq_chunks.saved_bytes_per_token(sh) if recomputed else offload_layer_bytes
-        _copies, exposed_layer = seq_chunks.offload_exposed(sh, layer_set, t_fwd / L, (t_bwd + t_recompute) / L,
+        _copies, exposed_layer = seq_chunks.offload_exposed(sh, layer_set, c.fwd / L, (c.bwd + c.recompute) / L,
                                                             link, dram, recomputed=recomputed)
         offload_micro = L * exposed_layer
     if cand.offload_activations and (sh.N == 1 or recomputed) and offload_layer_bytes > 0:
         t_copy = comm._xfer(offload_layer_bytes, hw.host_bandwidth * hw.comm_efficiency)
-        layer_fwd = t_fwd / L
-        layer_bwd = (t_bwd + t_recompute) / L
+        layer_fwd = c.fwd / L
+        layer_bwd = (c.bwd + c.recompute) / L
         offload_micro += L * (max(0.0, t_copy - layer_fwd) + max(0.0, t_copy - layer_bwd))
+    return offload_micro
 
-    # --- mixture of experts: dispatch and combine all-to-alls, on the critical path (cost_models/moe.py) ---
-    expert_micro = comm.expert_all_to_all_time(hw, sh.moe, sh.s, sh.e, forwards, cand.mlp_chunks)
 
-    # --- ZeRO ---
+def _zero(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Micro) -> tuple[float, float]:
+    """(ZeRO's communication per step, of which exposed)."""
     z_step, z_fwd, z_bwd, z_exposed = _zero_times(hw, cand, sh, n_params)
     ga = cand.grad_accum
     zero_total = z_step + ga * (z_fwd + z_bwd)
     zero_exposed = z_exposed
     if z_fwd or z_bwd:
-        zero_exposed += ga * (max(0.0, z_fwd - ZERO_OVERLAP_FRACTION * t_fwd)
-                              + max(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute)))
+        zero_exposed += ga * (max(0.0, z_fwd - ZERO_OVERLAP_FRACTION * c.fwd)
+                              + max(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (c.bwd + c.recompute)))
     if cand.zero_stage == 3:
-        zero_exposed += ga * z_fwd / L  # the first layer's gather has nothing to hide behind
-
-    compute = ga * t_micro + t_optimizer
-    recompute = ga * t_recompute
-    attention_comm = ga * attention_comm_micro
-    exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
-    offload = ga * (offload_micro + param_exposed) + optimizer_offload
-    breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
-                              zero_comm=zero_total, offload=offload, exposed_comm=exposed,
-                              step=compute + exposed + offload, expert_comm=ga * expert_micro)
-    return breakdown, ga * ring_micro, ga * ring_exposed_micro
+        zero_exposed += ga * z_fwd / sh.L  # the first layer's gather has nothing to hide behind
+    return zero_total, zero_exposed
 
 
 __all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "HOST_DRAM_BANDWIDTH_PER_NODE",

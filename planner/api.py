@@ -1,60 +1,65 @@
-"""``make_plan``: the planner's one entry point (``autosp.plan`` and ``autosp-plan`` both call it).
+"""``plan_for``: the planner's one entry point (``autosp.plan``, ``autosp-plan`` and ``make_plan`` all call it).
 
-Resolve the model and cluster, build the search space, look the request up in the plan cache, search
-(Optuna by default, or exhaustively), explain the runner-ups (:mod:`autosp.planner.explain`) or why
-nothing fits (:mod:`autosp.planner.diagnose`), and return a :class:`Plan`. Never imports torch; optuna
-only when the Optuna search actually runs.
+One request in, one :class:`Plan` out, in five steps: resolve the model and cluster and build the search space;
+look the request up in the plan cache; run the search strategy (:mod:`autosp.planner.search.strategies`);
+explain the runner-ups (:mod:`autosp.planner.explain`) or why nothing fits (:mod:`autosp.planner.diagnose`);
+and write the result with its search metadata (:class:`~autosp.planner.search_info.SearchInfo`). How the
+search runs besides the request (cache, shared study, measured trials) is one :class:`RunOptions`. Never
+imports torch; optuna only when the Optuna search actually runs.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.plan import Plan, RunnerUp
-from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.search import FAMILY_SWEEP_EVALUATIONS
+from autosp.planner.request import PlanRequest, ResolvedRequest, resolve
 from autosp.units import format_tokens
 
-EVALUATIONS_PER_TRIAL = 75
-"""What one Optuna trial costs, in cost-model evaluations: TPE's sampling time per trial over the time of
-one evaluation inside the exhaustive search (studies/search_quality.py measures both: 4.2 ms and 0.057 ms,
-a ratio of 75, in studies/results/search_quality_seed0_n150_before_family_sweep.txt; 74 and 56 in earlier
-runs)."""
 
-OPTUNA_FIXED_EVALUATIONS = 2_700 + FAMILY_SWEEP_EVALUATIONS
-"""The cost-model calls an Optuna search makes besides its trials: the structure sweep and the local
-refinement (a median of 2,755 calls, the trials' included, before the family completion existed:
-studies/results/search_quality_seed0_n150_before_family_sweep.txt), and at most FAMILY_SWEEP_EVALUATIONS
-for the family completion."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`plan_for` runs, besides what the request asks.
 
+    ``cache``: None or False (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a database URL
+    (:mod:`autosp.planner.cache`). ``storage``: an Optuna storage URL shared by several planner workers
+    (``study_name``: the study in it, default derived from the request; ``worker``: this worker's id on its
+    trials); ``trials=0`` then runs no sampler trials and answers from the study as it is
+    (:mod:`autosp.planner.search.optuna_study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or
+    its ``k``): run the top-k candidates with autosp-train and choose by the measurement
+    (:mod:`autosp.planner.measure`). A shared study or a measurement bypasses the plan cache. ``diagnose=False``
+    leaves out of the InfeasibleError how many GPUs would fit (pricing bigger clusters costs more than the search;
+    ``autosp-plan sweep`` plans many requests)."""
 
-SECONDS_PER_EVALUATION = 1e-4
-"""One cost-model evaluation inside the exhaustive search, rounded up (0.044 to 0.103 ms in the runs of
-studies/search_quality.py): how many evaluations a time budget buys."""
+    cache: object = None
+    storage: str | None = None
+    study_name: str | None = None
+    worker: str | None = None
+    measure: object = None
+    diagnose: bool = True
 
+    def checked(self, request: PlanRequest) -> "RunOptions":
+        """These options, ``measure`` as MeasureOptions, after the checks that need no model or cluster."""
+        if self.storage is None and (self.study_name is not None or self.worker is not None):
+            raise UsageError("--study-name and --worker-id need --storage")
+        if self.storage is not None and (request.search != "optuna" or request.objective != "throughput"):
+            raise UsageError("--storage (a shared Optuna study) works with --search optuna and --objective throughput")
+        measure = self.measure
+        if isinstance(measure, int) and not isinstance(measure, bool):
+            from autosp.planner.measure import MeasureOptions
 
-def optuna_cost(trials: int, time_budget: float | None = None) -> float:
-    """What the Optuna search with ``trials`` trials (and at most ``time_budget`` seconds) costs, in
-    cost-model evaluations."""
-    cost = trials * EVALUATIONS_PER_TRIAL + OPTUNA_FIXED_EVALUATIONS
-    return cost if time_budget is None else min(cost, time_budget / SECONDS_PER_EVALUATION)
+            measure = MeasureOptions(k=measure) if measure else None
+        if measure is not None and request.objective != "throughput":
+            raise UsageError("--measure works with --objective throughput")
+        if measure is not None and request.documents():
+            raise UsageError("--measure trains on unpacked random tokens, so it cannot measure packed documents; "
+                             "plan without --measure, or measure without --doc-lens/--mean-doc-len")
+        return replace(self, measure=measure)
 
-
-def exhaustive_is_cheaper(space_size: int, trials: int, time_budget: float | None = None) -> bool:
-    """Whether scoring every candidate costs no more than the Optuna search would: then the default search
-    scores the whole space (the exact optimum, for less time)."""
-    return space_size <= optuna_cost(trials, time_budget)
-
-
-def bulk_is_cheaper(space_size: int, trials_asked, time_budget) -> bool:
-    """Whether the default search scores the space whole with the bulk cost model (planner/bulk_search.py): an
-    exact answer for less than the Optuna search costs, up to BULK_EXHAUSTIVE_CANDIDATES candidates. An explicit
-    ``--trials`` or ``--time-budget`` asks for the sampler, and gets it."""
-    from autosp.planner.bulk_search import BULK_EXHAUSTIVE_CANDIDATES
-
-    return trials_asked is None and time_budget is None and space_size <= BULK_EXHAUSTIVE_CANDIDATES
+    def cached(self) -> bool:
+        return self.cache is not None and self.cache is not False and self.storage is None and self.measure is None
 
 
 def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
@@ -69,228 +74,206 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
                           dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
                           seed=seed, time_budget=time_budget, top_k=top_k, fix=fix, doc_lens=doc_lens,
                           mean_doc_len=mean_doc_len, attention_kernel=attention_kernel)
-    return plan_for(request, cache=cache, storage=storage, study_name=study_name, worker=worker, measure=measure)
+    return plan_for(request, RunOptions(cache=cache, storage=storage, study_name=study_name, worker=worker,
+                                        measure=measure))
 
 
-def plan_for(request: PlanRequest, *, cache=None, storage: str | None = None, study_name: str | None = None,
-             worker: str | None = None, measure=None, diagnose: bool = True) -> Plan:
-    """The best plan for ``request``.
-
-    ``cache``: None (no cache), True (``$AUTOSP_CACHE`` or the default file), a path or a database URL
-    (:mod:`autosp.planner.cache`). ``storage``: an Optuna storage URL shared by several planner workers
-    (``study_name``: the study in it, default derived from the request; ``worker``: this worker's id on
-    its trials); ``trials=0`` then runs no sampler trials and answers from the study as it is
-    (:mod:`autosp.planner.study`). ``measure``: a :class:`autosp.planner.measure.MeasureOptions` (or its
-    ``k``): run the top-k candidates with autosp-train and choose by the measurement
-    (:mod:`autosp.planner.measure`). A shared study or a measurement bypasses the plan cache.
-    ``diagnose=False`` leaves out of the InfeasibleError how many GPUs would fit (pricing bigger clusters costs
-    more than the search; ``autosp-plan sweep`` plans many requests).
-    Raises UsageError for bad input and InfeasibleError when nothing fits.
-    """
+def plan_for(request: PlanRequest, options: RunOptions | None = None, **option_fields) -> Plan:
+    """The best plan for ``request``, run as ``options`` say (:class:`RunOptions`; its fields may be given as
+    keywords instead). Raises UsageError for bad input and InfeasibleError when nothing fits."""
     started = time.perf_counter()
-    objective, search, seed = request.objective, request.search, request.seed
-    allow_cross_node_sp, top_k, time_budget = request.allow_cross_node_sp, request.top_k, request.time_budget
-    if storage is None and (study_name is not None or worker is not None):
-        raise UsageError("--study-name and --worker-id need --storage")
-    if storage is not None and (search != "optuna" or objective != "throughput"):
-        raise UsageError("--storage (a shared Optuna study) works with --search optuna and --objective throughput")
-    if isinstance(measure, int) and not isinstance(measure, bool):
-        from autosp.planner.measure import MeasureOptions
-
-        measure = MeasureOptions(k=measure) if measure else None
-    if measure is not None and objective != "throughput":
-        raise UsageError("--measure works with --objective throughput")
-    if measure is not None and request.documents():
-        raise UsageError("--measure trains on unpacked random tokens, so it cannot measure packed documents; plan "
-                         "without --measure, or measure without --doc-lens/--mean-doc-len")
-    trials = request.effective_trials(shared=storage is not None)
-    collect_only = trials == 0
+    options = replace(options or RunOptions(), **option_fields).checked(request)
+    trials = request.effective_trials(shared=options.storage is not None)
     resolved = resolve(request)
-    model_spec, profile, hw_spec, workload = resolved.model, resolved.profile, resolved.hardware, resolved.workload
-    seq_len, global_batch = request.ctx, request.global_batch
+    if options.measure is not None:
+        options = replace(options, measure=options.measure.check(resolved.hardware))
 
-    from autosp.planner.space_version import SPACE_VERSION
+    from autosp.planner.search.space_version import SPACE_VERSION
 
     request_key = resolved.key_material(trials, SPACE_VERSION)
-    store, key = None, None
-    if cache is not None and cache is not False and storage is None and measure is None:
-        # Looked up before the space is built: a cached request passed its checks when it was planned (same
-        # key, same request and code), and a hit then imports neither the space nor the search.
+    shared = _shared_study(options, resolved, request_key, collect_only=trials == 0)
+    store = key = None
+    if options.cached():
         from autosp.planner import cache as plan_cache
         from autosp.planner.cache.hits import cached_plan
 
-        store = plan_cache.open_store(None if cache is True else cache)
+        store = plan_cache.open_store(None if options.cache is True else options.cache)
         key = plan_cache.request_key(request_key)
         hit = cached_plan(store, key, started, request_key)
         if hit is not None:
             store.close()
             return hit
-
-    from autosp.planner.evaluator import CTX_GRANULE, Evaluator
-    from autosp.planner.space import build_space
-    from autosp.planner.versions import code_version, cost_model_version
-
-    if measure is not None:
-        measure = measure.check(hw_spec)
-    space = build_space(model_spec, hw_spec, workload, allow_cross_node_sp=allow_cross_node_sp, profile=profile,
-                        fixed=request.fix)
-    if request.fix:
-        from autosp.planner.pins import check_pins, empty_reason
-
-        check_pins(space)
-        if not all(space.choices().values()) or (space.size() == 0 and objective == "throughput"):
-            raise UsageError(empty_reason(space))
-    if global_batch is not None and space.size() == 0:
-        dps = sorted({hw_spec.world_size // sp for sp in space.sp})
-        raise UsageError(f"--global-batch {global_batch} cannot be split over any data-parallel degree "
-                         f"available here ({', '.join(map(str, dps))}); use a multiple of one of them")
-
-    shared = None
-    if storage is not None:
-        from autosp.planner.study import Shared, default_worker, study_key
-
-        skey = study_key(request_key)
-        shared = Shared(storage=storage, study_name=study_name or f"autosp-{skey[:12]}", request_key=skey,
-                        summary=f"{model_spec.name} at {format_tokens(workload.seq_len)} tokens on {hw_spec.name}",
-                        worker=worker or default_worker(), collect_only=collect_only)
-    evaluator = Evaluator(space)
-    search_started = time.perf_counter()
-    strategy = search
-    from autosp.planner import bulk_search
-
-    in_bulk = objective == "throughput" and bulk_search.supported(space)
-    if search == "optuna" and objective == "throughput" and shared is None and (
-            exhaustive_is_cheaper(space.size(), trials, time_budget)
-            or in_bulk and bulk_is_cheaper(space.size(), request.trials, time_budget)):
-        strategy = "exhaustive"  # a small space: every candidate costs less than the Optuna search would
-    if strategy == "optuna":
-        from autosp.planner import search as optuna_search
-
-        deadline = None if time_budget is None else time.monotonic() + time_budget
-        if objective == "throughput":
-            result = optuna_search.optuna_throughput(space, evaluator, trials=trials, seed=seed, shared=shared,
-                                                     deadline=deadline)
-        else:
-            from autosp.planner.fast import fast_longest_context
-
-            result = optuna_search.optuna_max_ctx(space, evaluator, trials=trials, seed=seed, deadline=deadline,
-                                                  lean_sweep=fast_longest_context)
-        sampler = (f"optuna TPESampler(multivariate, seed={seed}) + warm starts + structure sweep + local refinement"
-                   if shared is None else
-                   f"optuna TPESampler(multivariate, per-worker seed from {seed}) + warm starts + structure sweep + "
-                   f"local refinement, shared study {shared.study_name!r}")
-    elif strategy == "fast":
-        from autosp.planner import fast
-
-        result = (fast.fast_throughput(space, evaluator) if objective == "throughput"
-                  else fast.fast_max_ctx(space, evaluator))
-        sampler = "fast: branch and bound over the structure families + light climb (no sampler)"
-    else:
-        from autosp.planner import exhaustive
-
-        if in_bulk:
-            result = bulk_search.bulk_throughput(space, evaluator, top_k=max(top_k, getattr(measure, "k", 0) or 0))
-        else:
-            result = (exhaustive.exhaustive_throughput(space, evaluator) if objective == "throughput"
-                      else exhaustive.exhaustive_max_ctx(space, evaluator))
-        sampler = "exhaustive" + (", priced in bulk (numpy)" if in_bulk else "")
-        if search != strategy:
-            sampler += (f" (the {space.size():,} candidates cost less to score than the Optuna search: "
-                        + ("a whole space in bulk costs about what one Optuna trial does)" if in_bulk else
-                           f"about {optuna_cost(trials, time_budget):,.0f} evaluations)"))
-    search_seconds = time.perf_counter() - search_started
-
-    from autosp.planner.diagnose import infeasible_message, more_gpus_hint
-    from autosp.planner.explain import explain_runner_ups
-
-    best = result.best
-    if best is None and request.fix and not result.ranked and not result.max_ctx:
-        from autosp.planner.pins import empty_reason
-
-        raise UsageError(empty_reason(space))  # no candidate keeps the pins at all
-    if best is None:
-        raise InfeasibleError(infeasible_message(space, evaluator, objective, allow_cross_node_sp, hint=diagnose))
-    cand, est = best
-    if objective == "max-ctx":
-        if seq_len is not None and result.seq_len < seq_len:
-            raise InfeasibleError(
-                f"the longest context any plan fits on {hw_spec.name} is {format_tokens(result.seq_len)} tokens "
-                f"({result.seq_len:,}), short of the requested {format_tokens(seq_len)}"
-                + (f"; {more_gpus_hint(space, seq_len, allow_cross_node_sp)}" if diagnose else ""))
-        workload = replace(workload, seq_len=result.seq_len)
-
-    runner_ups = explain_runner_ups(result, evaluator, objective, top_k)
-    measured = None
-    if measure is not None:
-        from autosp.planner import measure as measuring
-
-        def plan_of(c, e):
-            return Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=c, estimate=e,
-                        objective=objective, search={"strategy": "measure", "space_version": SPACE_VERSION})
-
-        outcome = measuring.measure(space, evaluator, result, measure, plan_of,
-                                    worker=shared.worker if shared is not None else "local")
-        cand, est = outcome.chosen
-        measured = outcome.table
-        runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
-    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp, cand.ring)
-    search_info = {
-        "strategy": strategy,
-        "requested_search": search,  # what a re-check asks for (a small space asked of Optuna is scored whole)
-        "sampler": sampler,
-        "trials": result.trials if strategy == "optuna" else None,
-        "evaluations": result.evaluations,
-        "space_size": space.with_workload(workload).size(),
-        "space_version": SPACE_VERSION,
-        "cost_model_version": cost_model_version(),
-        "code_version": code_version(),
-        "seed": seed,
-        "allow_cross_node_sp": allow_cross_node_sp,
-        "search_wall_time_s": round(search_seconds, 4),
-        "time_budget_s": time_budget,
-        "wall_time_s": round(time.perf_counter() - started, 4),
-        "cache": "miss" if store is not None else "off",
-        "padding_tokens": pad_tokens,
-        "padding_fraction": round(pad_fraction, 6),
-        "attention_kernel": hw_spec.attention_kernel or None,
-    }
-    if workload.doc_lens or model_spec.sliding_window:
-        from autosp.cost_models.estimate import attention_share
-
-        search_info["attention"] = attention_share(model_spec, workload, cand, profile)
-    if profile is not None:
-        search_info["model_profile"] = f"graph {profile.fingerprint}"
-    else:
-        from autosp.planner.profile_fallback import fallback_reason
-
-        why = fallback_reason(model_spec)
-        if why:
-            search_info["model_profile"] = f"analytic fallback ({why})"
-    if request.fix:
-        search_info["fixed"] = dict(request.fix)
-    if objective == "max-ctx":
-        search_info["max_ctx_tokens"] = result.seq_len
-        search_info["max_ctx_granule"] = CTX_GRANULE
-    if result.details:
-        search_info.update({k: v for k, v in result.details.items() if k != "space_size"})
-    if measured is not None:
-        search_info["measured"] = measured
-    if space.excluded_sp:
-        search_info["excluded_sp"] = {str(sp): why for sp, why in space.excluded_sp}
-    plan = Plan(model=model_spec, hardware=hw_spec, workload=workload, candidate=cand, estimate=est,
-                objective=objective, search=search_info, runner_ups=tuple(runner_ups))
+    # The space is built after the cache lookup: a cached request passed the space's checks when it was planned
+    # (same key: same request and code), and a hit then imports neither the space nor the search.
+    space = _space(request, resolved)
+    found = _search(request, options, space, trials, shared)
+    chosen = _explain(request, options, resolved, space, found, shared)
+    info = _search_info(request, resolved, space, found, chosen, cache="miss" if store is not None else "off",
+                        started=started)
+    plan = Plan(model=resolved.model, hardware=resolved.hardware, workload=chosen.workload, candidate=chosen.candidate,
+                estimate=chosen.estimate, objective=request.objective, search=info.to_dict(),
+                runner_ups=tuple(chosen.runner_ups))
     if store is not None:
         store.put(key, plan.to_json(), request_key)
         store.close()
     return plan
 
 
+def _space(request: PlanRequest, resolved: ResolvedRequest):
+    """The search space of the request, its pins checked; a UsageError when the pins or the global batch leave
+    nothing to search."""
+    from autosp.planner.search.space import build_space
+
+    hw = resolved.hardware
+    space = build_space(resolved.model, hw, resolved.workload, allow_cross_node_sp=request.allow_cross_node_sp,
+                        profile=resolved.profile, fixed=request.fix)
+    if request.fix:
+        from autosp.planner.pins import check_pins, empty_reason
+
+        check_pins(space)
+        if not all(space.choices().values()) or (space.size() == 0 and request.objective == "throughput"):
+            raise UsageError(empty_reason(space))
+    if request.global_batch is not None and space.size() == 0:
+        dps = sorted({hw.world_size // sp for sp in space.sp})
+        raise UsageError(f"--global-batch {request.global_batch} cannot be split over any data-parallel degree "
+                         f"available here ({', '.join(map(str, dps))}); use a multiple of one of them")
+    return space
+
+
+def _shared_study(options: RunOptions, resolved: ResolvedRequest, request_key, collect_only: bool):
+    """The shared Optuna study of ``--storage`` (:class:`~autosp.planner.search.optuna_study.Shared`), or None."""
+    if options.storage is None:
+        return None
+    from autosp.planner.search.optuna_study import Shared, default_worker, study_key
+
+    skey = study_key(request_key)
+    model, hw, workload = resolved.model, resolved.hardware, resolved.workload
+    return Shared(storage=options.storage, study_name=options.study_name or f"autosp-{skey[:12]}", request_key=skey,
+                  summary=f"{model.name} at {format_tokens(workload.seq_len)} tokens on {hw.name}",
+                  worker=options.worker or default_worker(), collect_only=collect_only)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What the search step returns: the strategy that ran, how it searched, its result, the evaluator that
+    holds every score, and the search's wall time."""
+
+    strategy: str
+    sampler: str
+    result: object  # SearchResult
+    evaluator: object  # Evaluator
+    seconds: float
+
+
+def _search(request: PlanRequest, options: RunOptions, space, trials: int, shared) -> _Found:
+    from autosp.planner.search.evaluator import Evaluator
+    from autosp.planner.search.strategies import SearchJob, run_search
+
+    evaluator = Evaluator(space)
+    started = time.perf_counter()
+    deadline = None if request.time_budget is None else time.monotonic() + request.time_budget
+    job = SearchJob(space=space, evaluator=evaluator, objective=request.objective, trials=trials, seed=request.seed,
+                    top_k=max(request.top_k, getattr(options.measure, "k", 0) or 0), trials_asked=request.trials,
+                    time_budget=request.time_budget, deadline=deadline, shared=shared)
+    strategy, sampler, result = run_search(request.search, job)
+    return _Found(strategy, sampler, result, evaluator, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The explain step's answer: the winner, the workload it was priced at (max-ctx: the longest context
+    found), the runner-ups with why each lost, and the measured trials' table (with ``--measure``)."""
+
+    candidate: object
+    estimate: object
+    workload: object
+    runner_ups: list
+    measured: list | None = None
+
+
+def _explain(request: PlanRequest, options: RunOptions, resolved: ResolvedRequest, space, found: _Found,
+             shared) -> _Chosen:
+    """The winner of the search and why the others lost; an error that says why when nothing fits."""
+    from autosp.planner.diagnose import infeasible_message, more_gpus_hint
+    from autosp.planner.explain import explain_runner_ups
+
+    result, objective, workload = found.result, request.objective, resolved.workload
+    best = result.best
+    if best is None and request.fix and not result.ranked and not result.max_ctx:
+        from autosp.planner.pins import empty_reason
+
+        raise UsageError(empty_reason(space))  # no candidate keeps the pins at all
+    if best is None:
+        raise InfeasibleError(infeasible_message(space, found.evaluator, objective, request.allow_cross_node_sp,
+                                                 hint=options.diagnose))
+    if objective == "max-ctx":
+        seq_len = request.ctx
+        if seq_len is not None and result.seq_len < seq_len:
+            raise InfeasibleError(
+                f"the longest context any plan fits on {resolved.hardware.name} is {format_tokens(result.seq_len)} "
+                f"tokens ({result.seq_len:,}), short of the requested {format_tokens(seq_len)}"
+                + (f"; {more_gpus_hint(space, seq_len, request.allow_cross_node_sp)}" if options.diagnose else ""))
+        workload = replace(workload, seq_len=result.seq_len)
+    chosen = _Chosen(*best, workload, explain_runner_ups(result, found.evaluator, objective, request.top_k))
+    return chosen if options.measure is None else _measured(request, options, resolved, space, found, chosen, shared)
+
+
+def _measured(request, options, resolved, space, found: _Found, chosen: _Chosen, shared) -> _Chosen:
+    """``--measure``: the top-k candidates run for a few steps; the measurement chooses."""
+    from autosp.planner import measure as measuring
+    from autosp.planner.search.space import SPACE_VERSION
+
+    def plan_of(c, e):
+        return Plan(model=resolved.model, hardware=resolved.hardware, workload=chosen.workload, candidate=c,
+                    estimate=e, objective=request.objective,
+                    search={"strategy": "measure", "space_version": SPACE_VERSION})
+
+    outcome = measuring.measure(space, found.evaluator, found.result, options.measure, plan_of,
+                                worker=shared.worker if shared is not None else "local")
+    top_k = request.top_k
+    runner_ups = [RunnerUp(c, e, why) for c, e, why in outcome.others][:max(top_k, 0)] if top_k else []
+    return _Chosen(*outcome.chosen, chosen.workload, runner_ups, measured=outcome.table)
+
+
+def _search_info(request: PlanRequest, resolved: ResolvedRequest, space, found: _Found, chosen: _Chosen, cache: str,
+                 started: float):
+    """The plan's ``search`` section: how the answer was found, and what it depends on."""
+    from autosp.planner.profile_fallback import fallback_reason
+    from autosp.planner.search.evaluator import CTX_GRANULE
+    from autosp.planner.search.space import SPACE_VERSION
+    from autosp.planner.search_info import SearchInfo
+    from autosp.planner.versions import code_version, cost_model_version
+
+    model, profile, workload, cand = resolved.model, resolved.profile, chosen.workload, chosen.candidate
+    result, max_ctx = found.result, request.objective == "max-ctx"
+    pad_tokens, pad_fraction = _padding(workload.seq_len, cand.sp, cand.ring)
+    attention = None
+    if workload.doc_lens or model.sliding_window:
+        from autosp.cost_models.estimate import attention_share
+
+        attention = attention_share(model, workload, cand, profile)
+    why_analytic = fallback_reason(model) if profile is None else None
+    return SearchInfo(
+        strategy=found.strategy, requested_search=request.search, sampler=found.sampler,
+        trials=result.trials if found.strategy == "optuna" else None, evaluations=result.evaluations,
+        space_size=space.with_workload(workload).size(), space_version=SPACE_VERSION,
+        cost_model_version=cost_model_version(), code_version=code_version(), seed=request.seed,
+        allow_cross_node_sp=request.allow_cross_node_sp, search_wall_time_s=round(found.seconds, 4),
+        time_budget_s=request.time_budget, wall_time_s=round(time.perf_counter() - started, 4), cache=cache,
+        padding_tokens=pad_tokens, padding_fraction=round(pad_fraction, 6),
+        attention_kernel=resolved.hardware.attention_kernel or None, attention=attention,
+        model_profile=(f"graph {profile.fingerprint}" if profile is not None
+                       else f"analytic fallback ({why_analytic})" if why_analytic else None),
+        fixed=dict(request.fix) if request.fix else None,
+        max_ctx_tokens=result.seq_len if max_ctx else None, max_ctx_granule=CTX_GRANULE if max_ctx else None,
+        details=dict(result.details), measured=chosen.measured,
+        excluded_sp={str(sp): why for sp, why in space.excluded_sp} if space.excluded_sp else None)
+
+
 def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
-    from autosp.planner.space import padding
+    from autosp.planner.search.space import padding
 
     return padding(seq_len, sp, ring)
 
 
-__all__ = ["EVALUATIONS_PER_TRIAL", "OPTUNA_FIXED_EVALUATIONS", "SECONDS_PER_EVALUATION", "bulk_is_cheaper",
-           "exhaustive_is_cheaper",
-           "make_plan", "optuna_cost", "plan_for"]
+__all__ = ["RunOptions", "make_plan", "plan_for"]

@@ -234,7 +234,7 @@ def select(candidates, *, tolerance=None, plan_out: str | None = None, ds_config
     search for the best plan now, only with a ``tolerance``, is Optuna unless given). ``plan_out`` /
     ``ds_config``: write the selected plan, re-priced, and its DeepSpeed config.
     """
-    from autosp.planner.evaluator import rank_key
+    from autosp.planner.search.evaluator import rank_key
     from autosp.planner.explain import lost_because
 
     files = _expand(list(candidates))
@@ -273,7 +273,7 @@ def select(candidates, *, tolerance=None, plan_out: str | None = None, ds_config
     written = []
     if chosen is not None and (plan_out or ds_config):
         from autosp.planner.plan import Plan, RunnerUp, write_outputs
-        from autosp.planner.space import SPACE_VERSION
+        from autosp.planner.search.space import SPACE_VERSION
         from autosp.planner.versions import code_version, cost_model_version
 
         art, est, _ = chosen

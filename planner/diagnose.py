@@ -14,7 +14,7 @@ from autosp.units import format_gib, format_tokens
 
 def _leanest(space, seq_len: int):
     """(candidate, estimate) with the least memory among the memory-lean corner of the space."""
-    from autosp.planner.evaluator import Evaluator
+    from autosp.planner.search.evaluator import Evaluator
 
     workload = replace(space.workload, seq_len=seq_len)
     target = space.with_workload(workload)
@@ -64,7 +64,7 @@ def _smallest_fit(space, seq_len: int, cross: bool, first_factor: int):
     """Scale the cluster by powers of two (same nodes, more of them) from ``first_factor`` until the leanest
     plan fits. Returns (nodes, None) for the smallest size that fits, or (None, (bigger hw, leanest) at the
     largest size tried, or None)."""
-    from autosp.planner.space import build_space
+    from autosp.planner.search.space import build_space
 
     hw = space.hardware
     last = None
@@ -126,7 +126,7 @@ def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bo
     sweep, which plans many requests, leaves it out)."""
     seq_len = space.workload.seq_len
     if objective == "max-ctx":
-        from autosp.planner.evaluator import CTX_GRANULE
+        from autosp.planner.search.evaluator import CTX_GRANULE
 
         seq_len = CTX_GRANULE
     lean = _leanest(space, seq_len)

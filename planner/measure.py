@@ -85,7 +85,7 @@ def _say(message: str) -> None:
 def top_k(space, evaluator, k: int) -> list:
     """The ``k`` best fitting (candidate, estimate) of ``space`` by the cost model, best first: exact for a
     space of at most EXHAUSTIVE_LIMIT candidates (all scored), else among those the search scored."""
-    from autosp.planner.evaluator import ranked_at
+    from autosp.planner.search.evaluator import ranked_at
 
     seq = space.workload.seq_len
     if space.size() <= EXHAUSTIVE_LIMIT:
@@ -293,8 +293,8 @@ def _record(study, space, cand, est, run: dict, worker: str) -> None:
     """The measurement as a trial of the search's study (value: the prediction that ranked it)."""
     if study is None:
         return
-    from autosp.planner.search import _import_optuna
-    from autosp.planner.study import add_trial
+    from autosp.planner.search.optuna_search import _import_optuna
+    from autosp.planner.search.optuna_study import add_trial
 
     extra = {"measure_status": run["status"], "predicted_step_time_s": est.time.step,
              "predicted_tokens_per_second": est.tokens_per_second, "predicted_peak_memory_bytes": est.memory.total}

@@ -6,7 +6,7 @@ file: ``8``, ``true`` / ``false``, ``full`` (or ``"full"``). :func:`parse_pins` 
 field exists, the value has its type and passes the Candidate's own checks) and returns them as a sorted tuple of
 ``(name, value)`` pairs: the form :class:`~autosp.planner.request.PlanRequest` holds and the plan cache keys on.
 
-:func:`autosp.planner.space.restrict` restricts a search space to the pins (the knob's choices become the pinned
+:func:`autosp.planner.search.space.restrict` restricts a search space to the pins (the knob's choices become the pinned
 value: a value the default search does not offer, e.g. ``micro_batch=16``, is searched too when the rules allow
 it); :func:`check_pins` and :func:`empty_reason` say in one line why pins cannot hold. ``dp`` pins the SP degree (sp = world / dp); ``grad_accum`` is
 checked against the global batch. A Candidate field the search space does not search yet can only be pinned to
@@ -123,7 +123,7 @@ def check_pins(space) -> None:
     """A UsageError, in one line, when a pin of ``space`` (a space built with ``fixed``) cannot hold on its model
     and cluster: an SP degree the cluster cannot place, a dp that does not divide the world, a knob the search
     does not search yet pinned away from its default, grad_accum without a global batch."""
-    from autosp.planner.space import sp_reason
+    from autosp.planner.search.space import sp_reason
 
     hw = space.hardware
     pins = dict(space.fixed)
@@ -138,7 +138,7 @@ def check_pins(space) -> None:
         if reason:
             raise UsageError(f"--fix sp={sp}: {reason}")
     if pins.get("ep", 1) != 1:
-        from autosp.planner.space import ep_reason
+        from autosp.planner.search.space import ep_reason
 
         reason = ep_reason(space.model, hw, pins["ep"])
         if reason:
@@ -172,14 +172,14 @@ NEEDS = {
     "overlap": "needs an all-to-all: a Ulysses degree sp / ring > 1",
     "checkpointing": "cannot go with sequence_chunks > 1 (chunked layers take checkpointing none or full)",
 }
-"""Why the canonical form (:func:`autosp.planner.space.make_candidate`) would drop a pinned value."""
+"""Why the canonical form (:func:`autosp.planner.search.space.make_candidate`) would drop a pinned value."""
 
 
 def _check_together(pins: dict) -> None:
     """All the pins at once (each alone passed :func:`parse_pins`): the Candidate's own checks, then the canonical
     form, which must keep every pinned value; one line naming the contradiction (offload_param=true with
     zero_stage=2; offload_activations=true with checkpointing=none)."""
-    from autosp.planner.space import make_candidate
+    from autosp.planner.search.space import make_candidate
 
     shown = format_pins(sorted(pins.items()))
     ring = pins.get("ring", 1)
@@ -202,7 +202,7 @@ def _check_together(pins: dict) -> None:
 
 def empty_reason(space) -> str:
     """Why a pinned space has no valid candidate: the rule each SP layout the pins allow breaks."""
-    from autosp.planner.space import divisors, invalid_reason, layout_reason, pin_reason
+    from autosp.planner.search.space import divisors, invalid_reason, layout_reason, pin_reason
 
     pins = dict(space.fixed)
     hw = space.hardware

@@ -68,7 +68,7 @@ def fallback_reason(spec: ModelSpec) -> str | None:
 
 
 def _record_path(key: str):
-    from autosp.cost_models import graph_profile
+    from autosp.profiling import graph as graph_profile
 
     return graph_profile.cache_dir() / f"{key}.failed.json"
 
@@ -115,7 +115,7 @@ def _meta_model(config_path: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from autosp.cost_models.graph_profile.trace import load_hf_config
+    from autosp.profiling.graph.trace import load_hf_config
 
     config = load_hf_config(config_path)
     config.use_cache = False

@@ -4,7 +4,7 @@
   (``analytic_profile``), exactly as before: planning a preset never imports torch.
 - A Hugging Face ``config.json`` (a file or a directory holding one) or an ``nn.Module`` factory
   ``package.module:function`` is priced by its graph profile
-  (:func:`autosp.cost_models.graph_profile.load_or_build`, docs/graph_profile.md): the model is traced
+  (:func:`autosp.profiling.graph.load_or_build`, docs/graph_profile.md): the model is traced
   once under FakeTensorMode (seconds, with progress on stderr) and the profile is cached per model
   fingerprint, so the next plan for the same model reads one JSON file and does not import torch.
   The plan's ModelSpec is ``profile.model_spec()`` (the traced widths); for a config.json the fields a
@@ -47,7 +47,7 @@ def _say(message: str) -> None:
 
 
 def _load(arg: str) -> ModelProfile:
-    from autosp.cost_models import graph_profile
+    from autosp.profiling import graph as graph_profile
 
     key = graph_profile.fingerprint(arg)
     if graph_profile.read_cached(key) is None:
@@ -87,7 +87,7 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
         analytic = _analytic_reason(parsed)
         if analytic:
             return replace(parsed, source=f"analytic formulas ({analytic}) of {parsed.source}"), None
-        from autosp.cost_models import graph_profile
+        from autosp.profiling import graph as graph_profile
         from autosp.planner import profile_fallback
 
         key = graph_profile.fingerprint(arg)
@@ -112,7 +112,7 @@ def resolve_model_and_profile(model) -> tuple[ModelSpec, ModelProfile | None]:
                        source=f"graph profile {profile.fingerprint} of {parsed.source}")
         return spec, profile
     if _is_entry_point(arg):
-        from autosp.cost_models import graph_profile
+        from autosp.profiling import graph as graph_profile
 
         module = arg.partition(":")[0]
         if graph_profile._module_file(module) is None:

@@ -87,7 +87,7 @@ def _traced_model_arg(art: Artifact) -> str:
 def invalid_here(t: ResolvedRequest, cand: Candidate) -> str | None:
     """Why ``cand`` cannot run on the target ``t`` (its dp or sp against the GPUs, a rule of the search space),
     or None: the one validation of a plan file's knobs that ``check``, ``select`` and ``explain`` share."""
-    from autosp.planner.space import build_space
+    from autosp.planner.search.space import build_space
 
     if cand.sp * cand.dp != t.hardware.world_size:
         return (f"sp x dp = {cand.sp} x {cand.dp} = {cand.sp * cand.dp} GPUs, the hardware has "
@@ -153,8 +153,8 @@ def version_changes(art: Artifact) -> tuple[list[str], dict]:
 
 def price(t: ResolvedRequest, cand: Candidate):
     """(invalid reason or None, Estimate or None) of ``cand`` on the target."""
-    from autosp.planner.evaluator import Evaluator
-    from autosp.planner.space import build_space
+    from autosp.planner.search.evaluator import Evaluator
+    from autosp.planner.search.space import build_space
 
     reason = invalid_here(t, cand)
     if reason:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from autosp.cost_models.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
 from autosp.errors import UsageError
 from autosp.planner.plan import OBJECTIVES
-from autosp.planner.search import DEFAULT_TRIALS, MAX_TRIALS
+from autosp.planner.search.optuna_search import DEFAULT_TRIALS, MAX_TRIALS
 from autosp.units import check_seed, parse_count, parse_ctx, parse_seconds
 
 SEARCHES = ("optuna", "exhaustive", "fast")
@@ -59,7 +59,7 @@ class PlanRequest:
     every SP group inside one node (``--no-cross-node-sp``)."""
     search: str = "optuna"
     """``optuna`` (which scores a small space whole), ``exhaustive``, or ``fast`` (no sampler: branch and bound
-    over the structure families, :mod:`autosp.planner.fast`; the default of ``autosp-plan sweep``)."""
+    over the structure families, :mod:`autosp.planner.search.fast`; the default of ``autosp-plan sweep``)."""
     trials: int | None = None
     """Optuna trials; None: 60, or as many as ``time_budget`` allows; 0 only with a shared study."""
     seed: int = 0
@@ -213,7 +213,7 @@ def resolve_hardware(hw, nodes=None) -> HardwareSpec:
 def resolve(request: PlanRequest) -> ResolvedRequest:
     """The specs of ``request`` (reads the catalogs; a model that is not a preset is priced by its graph
     profile, traced once and cached: :mod:`autosp.planner.profiles`)."""
-    from autosp.planner.evaluator import CTX_GRANULE
+    from autosp.planner.search.evaluator import CTX_GRANULE
     from autosp.planner.profiles import resolve_model_and_profile
 
     model, profile = resolve_model_and_profile(request.model)

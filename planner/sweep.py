@@ -3,7 +3,7 @@
 The requests are the product models x clusters x contexts (or models x clusters with ``max-ctx``), each a
 :class:`~autosp.planner.request.PlanRequest` answered by :func:`~autosp.planner.api.plan_for`, so a sweep's
 row is exactly the plan ``autosp-plan`` prints for that request (the plan cache answers repeats). Sweeps use
-the quick search by default (``search="fast"``, :mod:`autosp.planner.fast`). Every model and cluster is
+the quick search by default (``search="fast"``, :mod:`autosp.planner.search.fast`). Every model and cluster is
 resolved before the first plan, so a typo fails in a second; a request that does not fit is a row (status
 ``no fit``), and so is one whose pins cannot hold on that cluster (status ``invalid``).
 """
@@ -88,7 +88,7 @@ def plan_one(request: PlanRequest, cache) -> dict:
 def run(reqs: list[PlanRequest], cache=None, jobs: int = 1) -> list[dict]:
     """The rows of ``reqs``, in their order; a progress bar on a terminal. ``jobs`` > 1 plans in that many
     forked processes (each with its own connection to the plan cache)."""
-    from autosp.planner.evaluator import progress_bar
+    from autosp.planner.search.evaluator import progress_bar
 
     bar = progress_bar(len(reqs), "sweep")
     rows: list = [None] * len(reqs)

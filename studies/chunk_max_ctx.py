@@ -23,7 +23,7 @@ from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.estimate import estimate, max_seq_len
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Workload
 from autosp.planner.api import make_plan
-from autosp.planner.space import LOSS_CHUNKS, MLP_CHUNKS
+from autosp.planner.search.space import LOSS_CHUNKS, MLP_CHUNKS
 from autosp.units import format_seconds, format_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results" / "chunk_max_ctx.txt"

@@ -47,7 +47,7 @@ GRANULE = 1024
 
 def _cli() -> list[str]:
     script = Path(sys.executable).with_name("autosp-plan")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "autosp.planner.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]
 
 
 def timed_cli(args: list[str], cache: str) -> tuple[float, dict]:

@@ -38,7 +38,7 @@ SWEEP_CTX = ",".join(f"{k}k" for k in (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 1
 
 def _script(name: str) -> list[str]:
     path = Path(sys.executable).with_name(name)
-    return [str(path)] if path.exists() else [sys.executable, "-m", "autosp.planner.cli"]
+    return [str(path)] if path.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:

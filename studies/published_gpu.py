@@ -69,9 +69,9 @@ from pathlib import Path
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.specs import Workload
-from autosp.planner.evaluator import Evaluator
-from autosp.planner.exhaustive import exhaustive_throughput
-from autosp.planner.space import build_space
+from autosp.planner.search.evaluator import Evaluator
+from autosp.planner.search.exhaustive import exhaustive_throughput
+from autosp.planner.search.space import build_space
 
 MODEL = "llama-3.1-8b"
 RESULTS = Path(__file__).resolve().parent / "results" / "published_gpu.txt"

@@ -26,11 +26,11 @@ from pathlib import Path
 
 from autosp.cost_models.specs import Workload
 from autosp.planner.api import make_plan
-from autosp.planner.evaluator import CTX_GRANULE, Evaluator, ranked_at
-from autosp.planner.exhaustive import memory_lean_first
+from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, ranked_at
+from autosp.planner.search.exhaustive import memory_lean_first
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.planner.space import build_space
+from autosp.planner.search.space import build_space
 from autosp.units import format_gib, format_seconds, format_tokens
 
 MODEL = "llama-3.1-8b"

@@ -91,7 +91,7 @@ on a loaded machine); by default the bulk model prices it, which equals the scal
 
 def _space_of(request: dict):
     from autosp.planner.request import PlanRequest, resolve
-    from autosp.planner.space import build_space
+    from autosp.planner.search.space import build_space
 
     req = PlanRequest(**request)
     r = resolve(req)
@@ -105,9 +105,9 @@ def _best(result):
 
 
 def bulk_exhaustive(request: dict):
-    """((candidate, estimate), evaluations) of the exhaustive search priced in bulk (planner/bulk_search.py)."""
-    from autosp.planner.bulk_search import bulk_throughput
-    from autosp.planner.evaluator import Evaluator
+    """((candidate, estimate), evaluations) of the exhaustive search priced in bulk (planner/search/bulk_search.py)."""
+    from autosp.planner.search.bulk_search import bulk_throughput
+    from autosp.planner.search.evaluator import Evaluator
 
     space = _space_of(request)
     return _best(bulk_throughput(space, Evaluator(space)))
@@ -116,8 +116,8 @@ def bulk_exhaustive(request: dict):
 def scalar_exhaustive(request: dict):
     """((candidate, estimate), evaluations) of the exhaustive search with the scalar cost model -- every candidate
     priced by :func:`autosp.cost_models.estimate.estimate` -- or InfeasibleError when nothing fits."""
-    from autosp.planner.evaluator import Evaluator
-    from autosp.planner.exhaustive import exhaustive_throughput
+    from autosp.planner.search.evaluator import Evaluator
+    from autosp.planner.search.exhaustive import exhaustive_throughput
 
     space = _space_of(request)
     return _best(exhaustive_throughput(space, Evaluator(space)))

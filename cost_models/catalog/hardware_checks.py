@@ -155,7 +155,7 @@ def _borrow_inter_node(spec: HardwareSpec, where: str) -> HardwareSpec:
     if twin is None:
         raise UsageError(
             f"{where} was measured on one node and has no inter-node figures, which --nodes {spec.nodes} needs: "
-            "calibrate across nodes (torchrun --nnodes N ... -m autosp.cost_models.calibrate --out FILE) or "
+            "calibrate across nodes (torchrun --nnodes N ... -m autosp.profiling.calibrate --out FILE) or "
             "add inter_node_bandwidth (bytes/s per device, one direction) and inter_node_latency (s) to it")
     entry = _catalog()[twin]
     sources = entry.get("sources", {})

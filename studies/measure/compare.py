@@ -34,7 +34,7 @@ def calibrated_cpu(ranks: int, recalibrate: bool = False) -> HardwareSpec:
     if recalibrate or not path.exists():
         RESULTS.mkdir(parents=True, exist_ok=True)
         print(f"calibrating this CPU with {ranks} rank(s) -> {path} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "autosp.cost_models.calibrate", "--quick", "--ranks", str(ranks),
+        subprocess.run([sys.executable, "-m", "autosp.profiling.calibrate", "--quick", "--ranks", str(ranks),
                         "--out", str(path), "--no-progress"], check=True, stdout=subprocess.DEVNULL)
     return resolve_hardware(str(path))
 

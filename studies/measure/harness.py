@@ -142,7 +142,7 @@ def make_plan(cfg: RunConfig, hardware: HardwareSpec | None = None):
 # --- contention ------------------------------------------------------------------------------------
 
 def _proc_stat():
-    from autosp.cost_models.calibration.contention import _proc_stat as read
+    from autosp.profiling.calibration.contention import _proc_stat as read
 
     return read()
 

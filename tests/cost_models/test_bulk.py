@@ -1,17 +1,17 @@
 """The bulk cost model (cost_models/bulk.py) against the scalar one on every candidate of several spaces, and the
-bulk exhaustive search (planner/bulk_search.py) against the scalar exhaustive search."""
+bulk exhaustive search (planner/search/bulk_search.py) against the scalar exhaustive search."""
 
 from __future__ import annotations
 
 import pytest
 
 from autosp.cost_models.estimate import estimate
-from autosp.planner.bulk_search import _candidate, bulk_throughput, space_groups
-from autosp.planner.evaluator import Evaluator
-from autosp.planner.exhaustive import exhaustive_throughput
+from autosp.planner.search.bulk_search import _candidate, bulk_throughput, space_groups
+from autosp.planner.search.evaluator import Evaluator
+from autosp.planner.search.exhaustive import exhaustive_throughput
 from autosp.planner.explain import explain_runner_ups
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import build_space
+from autosp.planner.search.space import build_space
 
 REL = 1e-12
 

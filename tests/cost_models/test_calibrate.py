@@ -12,10 +12,10 @@ from dataclasses import asdict, replace
 import pytest
 
 from autosp.cli import calibrate_main
-from autosp.cost_models.calibration.fit import bus_factor, fit_alpha_beta
-from autosp.cost_models.calibration.profile import (build_profile, check_finite, format_summary,
+from autosp.profiling.calibration.fit import bus_factor, fit_alpha_beta
+from autosp.profiling.calibration.profile import (build_profile, check_finite, format_summary,
                                                     measurements_path_for)
-from autosp.cost_models.calibration.settings import make_settings
+from autosp.profiling.calibration.settings import make_settings
 from autosp.planner.plan import hardware_from_dict
 
 SIZES = [1 << e for e in range(10, 25)]
@@ -230,9 +230,9 @@ def test_help_teaches(capsys):
 
 
 def test_calibration_modules_do_not_drag_torch_into_planning():
-    code = ("import sys; import autosp.cost_models, autosp.cost_models.calibrate, "
-            "autosp.cost_models.calibration.profile, autosp.cost_models.calibration.fit, "
-            "autosp.cost_models.calibration.settings, autosp.cost_models.calibration.contention; "
+    code = ("import sys; import autosp.cost_models, autosp.profiling.calibrate, "
+            "autosp.profiling.calibration.profile, autosp.profiling.calibration.fit, "
+            "autosp.profiling.calibration.settings, autosp.profiling.calibration.contention; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

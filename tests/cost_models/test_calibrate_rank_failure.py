@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_failed_rank_is_reported_with_its_own_error():
-    from autosp.cost_models.calibration import launch
-    from autosp.cost_models.calibration.settings import make_settings
+    from autosp.profiling.calibration import launch
+    from autosp.profiling.calibration.settings import make_settings
 
     settings = dataclasses.replace(make_settings("cpu", quick=True), matmul_shapes={"fp32": [(8, -1, 8)], "bf16": []})
     cfg = launch.LaunchConfig(settings=settings, backend="gloo", threads=1, progress=False)

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from autosp.cost_models import estimate, memory_only
-from autosp.cost_models.graph_profile import describe_model_arg, fingerprint, load_or_build
-from autosp.cost_models.graph_profile.compare import comparison
-from autosp.cost_models.graph_profile.fit import fit_flops, fit_linear
+from autosp.profiling.graph import describe_model_arg, fingerprint, load_or_build
+from autosp.profiling.graph.compare import comparison
+from autosp.profiling.graph.fit import fit_flops, fit_linear
 from autosp.cost_models.profile import Elems, ModelProfile, analytic_profile
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES, Candidate, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
@@ -223,7 +223,7 @@ def test_cache_hit_reads_the_file_and_imports_no_torch(cache, llama, llama_path)
     assert path.is_file() and llama.fingerprint == fingerprint(llama_path)
     assert load_or_build(llama_path, quiet=True) == llama
     code = ("import sys\n"
-            "from autosp.cost_models.graph_profile import load_or_build\n"
+            "from autosp.profiling.graph import load_or_build\n"
             "from autosp.cost_models import estimate\n"
             "from autosp.cost_models.specs import Candidate, Workload\n"
             "from autosp.cost_models.catalog.hardware import resolve_hardware\n"
@@ -257,7 +257,7 @@ def test_model_argument_errors(tmp_path):
 
 
 def test_cli_prints_the_comparison_as_json(cache, llama, llama_path):
-    out = subprocess.run([sys.executable, "-m", "autosp.cost_models.graph_profile", llama_path, "--json", "--quiet"],
+    out = subprocess.run([sys.executable, "-m", "autosp.profiling.graph", llama_path, "--json", "--quiet"],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "AUTOSP_CACHE_DIR": str(cache)})
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -317,7 +317,7 @@ def test_sp_validation_uses_the_traced_heads(llama, llama_path):
 
 def test_preset_config_reads_back_as_the_preset(cache):
     """--preset writes a config.json that the planner's reader turns back into the same ModelSpec."""
-    from autosp.cost_models.graph_profile import preset_config
+    from autosp.profiling.graph import preset_config
     from autosp.cost_models.catalog.models import resolve_model
 
     for name in ("llama-3.1-8b", "qwen2.5-0.5b"):

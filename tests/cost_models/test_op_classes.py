@@ -11,7 +11,7 @@ import torch
 from autosp.compiler.passes import checkpointing
 from autosp.compiler.passes.check import _product_of_two
 from autosp.cost_models import op_classes
-from autosp.cost_models.graph_profile import layer, trace
+from autosp.profiling.graph import layer, trace
 from autosp.cost_models.specs import CHECKPOINTING_POLICIES
 
 aten = torch.ops.aten

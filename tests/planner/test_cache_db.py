@@ -163,7 +163,7 @@ SCRIPT = Path(sys.executable).with_name("autosp-plan")
 
 
 def _plan(*args, env=None):
-    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli"]
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
 

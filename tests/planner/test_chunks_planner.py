@@ -10,9 +10,9 @@ from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.specs import Candidate, Workload
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config
-from autosp.planner.evaluator import Evaluator
-from autosp.planner.report import render
-from autosp.planner.space import (MIN_SEQUENCE_CHUNK_TOKENS, SEQUENCE_CHUNKS, build_space, canonical, invalid_reason,
+from autosp.planner.search.evaluator import Evaluator
+from autosp.planner.cli.report import render
+from autosp.planner.search.space import (MIN_SEQUENCE_CHUNK_TOKENS, SEQUENCE_CHUNKS, build_space, canonical, invalid_reason,
                                   make_candidate)
 
 LLAMA = resolve_model("llama-3.1-8b")

@@ -19,7 +19,7 @@ def run(*args, tmp_path=None, env=None, **kw):
     if tmp_path is not None:
         full_env["AUTOSP_CACHE"] = str(tmp_path / "cache.sqlite")
     full_env.update(env or {})
-    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli"]
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, env=full_env, timeout=300, **kw)
 
 

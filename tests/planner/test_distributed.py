@@ -17,7 +17,7 @@ REQUEST = ["--model", "llama-3.2-1b", "--ctx", "16k", "--hw", "h100x4", "--json"
 
 
 def _cmd(*args):
-    return ([str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli"]) + list(args)
+    return ([str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]) + list(args)
 
 
 def _run(*args, timeout=300):
@@ -254,7 +254,7 @@ def test_a_sqlite_study_transaction_takes_the_write_lock_at_begin(tmp_path):
 
     import optuna
 
-    from autosp.planner.study import open_storage
+    from autosp.planner.search.optuna_study import open_storage
 
     storage = open_storage(optuna, f"sqlite:///{tmp_path}/study.db")
     with storage.engine.connect() as conn:

@@ -19,7 +19,7 @@ import sys
 from autosp.planner.api import plan_for
 from autosp.planner.request import PlanRequest
 plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="16k", hw="h100x8"), cache=sys.argv[1])
-heavy = sorted(m for m in ("numpy", "optuna", "torch", "autosp.planner.space", "autosp.planner.bulk_search",
+heavy = sorted(m for m in ("numpy", "optuna", "torch", "autosp.planner.search.space", "autosp.planner.search.bulk_search",
                            "autosp.cost_models.estimate", "tomllib", "importlib.metadata") if m in sys.modules)
 print(plan.search["cache"], ",".join(heavy))
 """
@@ -30,7 +30,7 @@ def test_a_cache_hit_imports_no_search_and_answers_the_same(tmp_path):
     run = [sys.executable, "-c", HIT, str(tmp_path / "plans.sqlite")]
     miss = subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout.split()
     hit = subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout.split()
-    assert miss[0] == "miss" and "autosp.planner.space" in miss[1]
+    assert miss[0] == "miss" and "autosp.planner.search.space" in miss[1]
     assert hit == ["hit"]  # nothing heavy imported on a hit
 
 

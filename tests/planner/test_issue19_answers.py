@@ -27,7 +27,7 @@ def test_item5_ctrl_c_during_the_optuna_search_is_one_line():
     line "interrupted", exit 130, and none of Optuna's warning and traceback."""
     script = textwrap.dedent("""
         import sys
-        from autosp.planner import evaluator
+        from autosp.planner.search import evaluator
         calls = [0]
         real = evaluator.Evaluator.__call__
         def interrupted(self, cand, seq_len=None):
@@ -118,7 +118,7 @@ def test_item9_a_config_plan_is_named_after_the_path_given_now(tmp_path, monkeyp
 
 
 def test_item10_transient_trace_failures_are_never_cached(tmp_path, monkeypatch):
-    from autosp.cost_models import graph_profile
+    from autosp.profiling import graph as graph_profile
     from autosp.planner import profile_fallback, profiles
 
     monkeypatch.setenv("AUTOSP_CACHE_DIR", str(tmp_path / "profiles"))
@@ -185,7 +185,7 @@ def test_item11_a_pinned_micro_batch_gets_a_hint_that_holds():
 
 
 def test_item11_tables_never_run_columns_together():
-    from autosp.planner.sweep_output import aligned
+    from autosp.planner.cli.sweep_output import aligned
 
     rows = [["model", "GPUs"], ["/a/very/long/path/to/a/model/config.json", "8"], ["x", "123456"]]
     lines = aligned(rows, right={1})

@@ -13,7 +13,7 @@ from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.specs import Workload
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config
-from autosp.planner.space import build_space, ep_choices
+from autosp.planner.search.space import build_space, ep_choices
 
 
 def test_ep_is_searched_for_moe_models_only():

@@ -10,9 +10,9 @@ from autosp.errors import UsageError
 from autosp.planner.api import plan_for
 from autosp.planner.doc_lens import histogram_of, read_doc_lens
 from autosp.planner.plan import plan_from_dict
-from autosp.planner.report import render
+from autosp.planner.cli.report import render
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import SPACE_VERSION
+from autosp.planner.search.space import SPACE_VERSION
 
 
 def test_the_three_file_forms_give_one_histogram(tmp_path):

@@ -8,9 +8,9 @@ from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.specs import Workload
 from autosp.planner.api import make_plan
 from autosp.planner.artifacts import load_artifact
-from autosp.planner.evaluator import Evaluator
+from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.plan import write_outputs
-from autosp.planner.space import build_space, canonical
+from autosp.planner.search.space import build_space, canonical
 
 MODEL = resolve_model("llama-3.1-8b")
 

@@ -13,7 +13,7 @@ from autosp.errors import UsageError
 from autosp.planner.api import plan_for
 from autosp.planner.pins import parse_pins
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import SPACE_VERSION
+from autosp.planner.search.space import SPACE_VERSION
 
 
 @pytest.mark.parametrize("text, expected", [

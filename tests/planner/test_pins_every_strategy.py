@@ -16,12 +16,14 @@ import functools
 import pytest
 
 from autosp.errors import InfeasibleError, UsageError
-from autosp.planner import exhaustive, fast, search
+from autosp.planner.search import exhaustive
+from autosp.planner.search import fast
+from autosp.planner.search import optuna_search as search
 from autosp.planner.api import make_plan
-from autosp.planner.evaluator import Evaluator
+from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.pins import check_pins, knob_names, parse_pins
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import build_space, divisors, pin_reason
+from autosp.planner.search.space import build_space, divisors, pin_reason
 from autosp.planner.sweep import plan_one
 
 LONG = {"8b-1M": ("llama-3.1-8b", "1M", "h100x8", None), "1b-400k-gb8": ("llama-3.2-1b", "400k", "h100x8", 8),

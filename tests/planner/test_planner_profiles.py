@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from autosp.cost_models import estimate
-from autosp.cost_models.graph_profile import load_or_build
+from autosp.profiling.graph import load_or_build
 from autosp.cost_models.profile import Elems
 from autosp.errors import UsageError
 from autosp.planner.api import make_plan

@@ -12,10 +12,10 @@ import autosp
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.errors import UsageError
 from autosp.planner.api import make_plan, plan_for
-from autosp.planner.cli import build_parser
-from autosp.planner.cli_args import request_fields
+from autosp.planner.cli.main import build_parser
+from autosp.planner.cli.args import request_fields
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import SPACE_VERSION
+from autosp.planner.search.space import SPACE_VERSION
 
 
 def test_what_a_user_types_is_parsed_once():

@@ -13,13 +13,13 @@ import pytest
 from autosp.cost_models.specs import ModelSpec, Workload
 from autosp.planner.api import make_plan
 from autosp.planner.ds_config import deepspeed_config
-from autosp.planner.evaluator import CTX_GRANULE, Evaluator, rank_key
-from autosp.planner.exhaustive import exhaustive_throughput, longest_context
+from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key
+from autosp.planner.search.exhaustive import exhaustive_throughput, longest_context
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.planner.report import render
-from autosp.planner.search import optuna_max_ctx, optuna_throughput
-from autosp.planner.space import build_space
+from autosp.planner.cli.report import render
+from autosp.planner.search.optuna_search import optuna_max_ctx, optuna_throughput
+from autosp.planner.search.space import build_space
 
 NARROW = ModelSpec("narrow", 16, 2048, 8, 2, 256, 8192, 32000)   # 8 query heads, 2 KV heads
 
@@ -98,7 +98,7 @@ SCRIPT = Path(sys.executable).with_name("autosp-plan")
 
 
 def _plan_cli(*args):
-    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli"]
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "autosp.planner.cli.main"]
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=300)
 
 

@@ -4,13 +4,13 @@ search weighs against scoring the whole space), a fraction of the calls on large
 import pytest
 
 from autosp.cost_models.specs import Workload
-from autosp.planner.evaluator import CTX_GRANULE, Evaluator, rank_key
-from autosp.planner.exhaustive import exhaustive_max_ctx, exhaustive_throughput
+from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key
+from autosp.planner.search.exhaustive import exhaustive_max_ctx, exhaustive_throughput
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
-from autosp.planner.api import optuna_cost
-from autosp.planner.search import DEFAULT_TRIALS, optuna_max_ctx, optuna_throughput
-from autosp.planner.space import build_space
+from autosp.planner.search.strategies import optuna_cost
+from autosp.planner.search.optuna_search import DEFAULT_TRIALS, optuna_max_ctx, optuna_throughput
+from autosp.planner.search.space import build_space
 
 CASES = [  # (model, ctx, hardware, global batch, seed)
     ("llama-3.1-8b", 200_000, "h100x8", None, 0),

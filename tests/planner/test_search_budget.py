@@ -12,7 +12,7 @@ import pytest
 
 from autosp.errors import UsageError
 from autosp.planner.api import make_plan
-from autosp.planner.search import MAX_TRIALS
+from autosp.planner.search.optuna_search import MAX_TRIALS
 
 SCRIPT = Path(sys.executable).with_name("autosp-plan")
 REQUEST = ("--model", "llama", "--ctx", "200k", "--hw", "h100x8", "--no-cache")

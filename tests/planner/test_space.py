@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from autosp.cost_models.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
-from autosp.planner import space as space_mod
-from autosp.planner.space import (MIN_TILE_TOKENS, SPACE_VERSION, build_space, canonical, invalid_reason, layout_reason,
+from autosp.planner.search import space as space_mod
+from autosp.planner.search.space import (MIN_TILE_TOKENS, SPACE_VERSION, build_space, canonical, invalid_reason, layout_reason,
                                   local_tokens, padded_length, padding, ring_choices, sp_reason)
 
 # Llama-3.1-8B's shape (32 query heads, 8 KV heads) and a small odd-headed model.

@@ -11,9 +11,9 @@ import pytest
 
 from autosp import cli
 from autosp.planner.api import plan_for
-from autosp.planner.fast import undialed
+from autosp.planner.search.fast import undialed
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.space import build_space
+from autosp.planner.search.space import build_space
 from autosp.planner.sweep import COLUMNS
 
 SMALL = ["--model", "llama-3.2-1b,llama-3.1-8b", "--hw", "h100x1", "h100x2", "--ctx", "8k,64k", "--no-cache"]
@@ -106,7 +106,8 @@ def test_bad_input_is_one_line_exit_2(argv, needle):
 
 
 def test_the_progress_bar_is_the_planners(monkeypatch):
-    from autosp.planner import evaluator, sweep
+    from autosp.planner import sweep
+    from autosp.planner.search import evaluator
 
     seen = []
 
@@ -154,7 +155,7 @@ def test_fast_max_ctx_matches_the_exhaustive_longest_context():
 
 def test_the_undialed_point_bounds_its_family():
     """The property the branch and bound relies on: no dial setting is faster than the family's undialed point."""
-    from autosp.planner.evaluator import Evaluator
+    from autosp.planner.search.evaluator import Evaluator
 
     r = resolve(PlanRequest(model="llama-3.2-1b", hw="h100x2", ctx="64k"))
     space = build_space(r.model, r.hardware, r.workload)

@@ -1,10 +1,12 @@
 """The layering of autosp's packages (docs/design.md section 1), read from the source, lazy imports included:
 
-- ``cost_models`` imports nothing from ``planner`` or ``compiler``;
+- ``cost_models`` imports nothing from ``planner``, ``compiler`` or ``profiling``;
+- ``profiling`` (calibration, graph profiling: the tools that produce the profiles the cost model reads)
+  imports nothing from ``planner`` or ``compiler``;
 - ``planner`` imports nothing from ``compiler``;
 - ``compiler`` imports the planner only through ``autosp.planner.plan`` (loading a plan), and only from
   ``autosp.compiler.api.load_plan``;
-- the shared modules of ``autosp/`` (errors, version, units, files) import none of the four packages;
+- the shared modules of ``autosp/`` (errors, version, units, files) import none of the packages;
 - no module imports another that (directly or through others) imports it back;
 - planning imports no torch, deepspeed or transformers.
 
@@ -28,7 +30,7 @@ FACADE = {"autosp", "autosp.cli"}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
-    """{module name: file} of the four packages."""
+    """{module name: file} of the packages."""
     out = {}
     for folder, package in FOLDERS.items():
         for path in sorted((root / folder).rglob("*.py")):
@@ -98,7 +100,7 @@ def _takes_names(path: Path, package: str, mods: dict) -> bool:
 
 def package_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("planner", "compiler", "cost_models"):
+    if len(parts) > 1 and parts[1] in ("planner", "compiler", "cost_models", "profiling"):
         return parts[1]
     return "autosp (shared)" if module in SHARED else "autosp (facade)"
 
@@ -166,6 +168,11 @@ def _violations(rule) -> list[str]:
 
 def test_cost_models_import_neither_the_planner_nor_the_compiler():
     assert _violations(lambda s, d: package_of(s) != "cost_models" or package_of(d) in ("cost_models", "autosp (shared)")) == []
+
+
+def test_profiling_imports_neither_the_planner_nor_the_compiler():
+    assert _violations(lambda s, d: package_of(s) != "profiling"
+                       or package_of(d) in ("profiling", "cost_models", "autosp (shared)")) == []
 
 
 def test_the_planner_never_imports_the_compiler():

@@ -1,0 +1,202 @@
+"""Scoring a whole space (or a whole family of it) with the bulk cost model (:mod:`autosp.cost_models.bulk`).
+
+:func:`space_groups` enumerates exactly the candidates of :meth:`SearchSpace.candidates` -- same validity rules,
+same canonical forms -- but as numpy arrays, one group per shape (layout, micro-batch, sequence chunks), without
+building a Candidate per point. :func:`bulk_throughput` prices every group in bulk and hands only the candidates
+the plan can show (the best of every (sp, ring, ZeRO, checkpointing) family, the fastest that does not fit, the
+overall leaders, with their exact ties) to the scalar cost model through the evaluator, so the plan, its
+runner-ups and its notes come from the reference model; the answer is the exhaustive search's.
+
+Where the space is small enough (:data:`BULK_EXHAUSTIVE_CANDIDATES`), the default search scores it whole this
+way: exact, and cheaper than sampler trials (planner/api.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from autosp.cost_models import bulk
+from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
+from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
+
+BULK_EXHAUSTIVE_CANDIDATES = 1_500_000
+"""The largest space the default search scores whole in bulk (about 0.6 us of CPU per candidate on the 2 cores
+of the development machine, studies/planner_speed.py: 1.5M candidates cost about what the Optuna search costs)."""
+
+TIE = 1e-9
+"""Relative margin within which two bulk scores count as a tie: every tied candidate is re-scored by the scalar
+model, whose ranking (:func:`~autosp.planner.search.evaluator.rank_key`) then decides (bulk and scalar agree to 1e-12)."""
+
+MAX_RESCORED = 4_000
+"""At most this many candidates of a space go back to the scalar model (ties of a family beyond it are left out)."""
+
+_ROW_ORDER = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing", "mlp_chunks", "loss_chunks",
+              "offload_chunks", "offload_activations", "overlap")
+
+
+def supported(space) -> bool:
+    """Whether the bulk model prices this space: not a mixture-of-experts model (its ``ep`` axis and expert
+    terms are the scalar model's only) nor a soft-capped one (Gemma 2's kernel factors), and not degenerate
+    hardware; the other spaces take the scalar search."""
+    model = space.model
+    if model.n_experts or model.attn_logit_softcap or model.final_logit_softcap:
+        return False
+    return bulk.supported(space.hardware) is None
+
+
+def space_groups(space):
+    """(base candidate, row arrays) per shape group of ``space``: the candidates of :meth:`SearchSpace.candidates`,
+    with checkpointing and overlap as indices into CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES."""
+    policy_index = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
+    overlap_index = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
+    selective = (policy_index["selective"], policy_index["sequence"])
+    none, head_pipeline = policy_index["none"], overlap_index["head_pipeline"]
+    for sp, ring in space.layouts():
+        per = space.per_layout_choices(sp, ring)
+        if per is None:
+            continue
+        axes = [np.asarray(per["zero_stage"], dtype=np.int64), np.asarray(per["offload_optimizer"], dtype=bool),
+                np.asarray(per["offload_param"], dtype=bool),
+                np.asarray([policy_index[p] for p in per["checkpointing"]], dtype=np.int64),
+                np.asarray(per["mlp_chunks"], dtype=np.int64), np.asarray(per["loss_chunks"], dtype=np.int64),
+                np.asarray(per["offload_chunks"], dtype=bool), np.asarray(per["offload_activations"], dtype=bool),
+                np.asarray([overlap_index[o] for o in per["overlap"]], dtype=np.int64)]
+        if any(len(a) == 0 for a in axes):
+            continue
+        grid = np.meshgrid(*axes, indexing="ij")
+        rows = {k: g.ravel() for k, g in zip(_ROW_ORDER, grid)}
+        zero, opt, param, ckpt = rows["zero_stage"], rows["offload_optimizer"], rows["offload_param"], rows["checkpointing"]
+        keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
+        keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
+        keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
+        for micro, seq in itertools.product(per["micro_batch"], per["sequence_chunks"]):
+            mask = keep.copy()
+            if seq == 1:
+                mask &= ~rows["offload_chunks"]                     # chunk offload needs sequence chunks
+            else:                                                   # space.chunks_reason
+                mask &= ~np.isin(ckpt, selective) & (rows["overlap"] != head_pipeline)
+            if not mask.any():
+                continue
+            base = space.make(sp=sp, ring=ring, zero_stage=0, micro_batch=micro, checkpointing="none", mlp_chunks=1,
+                              loss_chunks=1, offload_activations=False, overlap="none", sequence_chunks=seq)
+            yield base, {k: v[mask] for k, v in rows.items()}
+
+
+def _candidate(space, base, rows: dict, i: int):
+    return space.make(sp=base.sp, ring=base.ring, micro_batch=base.micro_batch, sequence_chunks=base.sequence_chunks,
+                      zero_stage=int(rows["zero_stage"][i]), offload_optimizer=bool(rows["offload_optimizer"][i]),
+                      offload_param=bool(rows["offload_param"][i]),
+                      checkpointing=CHECKPOINTING_POLICIES[int(rows["checkpointing"][i])],
+                      mlp_chunks=int(rows["mlp_chunks"][i]), loss_chunks=int(rows["loss_chunks"][i]),
+                      offload_chunks=bool(rows["offload_chunks"][i]),
+                      offload_activations=bool(rows["offload_activations"][i]),
+                      overlap=OVERLAP_SCHEDULES[int(rows["overlap"][i])])
+
+
+def score_space(space):
+    """Every candidate of ``space`` priced in bulk: (groups, per-row arrays). ``groups`` is [(base, rows)];
+    the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ZeRO,
+    checkpointing)), ``tps``, ``memory``, ``fits`` and ``simplicity`` (the fields of
+    :func:`~autosp.planner.search.evaluator.simplicity`, one array each)."""
+    groups, parts = [], []
+    layouts = {}
+    for base, rows in space_groups(space):
+        out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
+        g = len(groups)
+        groups.append((base, rows))
+        layout = layouts.setdefault((base.sp, base.ring), len(layouts))
+        family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
+        k = len(family)
+        simple = (rows["offload_param"], rows["offload_optimizer"], rows["offload_chunks"], rows["offload_activations"],
+                  rows["checkpointing"], np.full(k, base.sequence_chunks), rows["mlp_chunks"], rows["loss_chunks"],
+                  rows["overlap"], rows["zero_stage"], np.full(k, base.micro_batch), np.full(k, base.grad_accum),
+                  np.full(k, -base.sp), np.full(k, base.ring))
+        parts.append((np.full(k, g), np.arange(k), family, out.tokens_per_second, out.memory, out.fits,
+                      np.stack([np.asarray(a, dtype=np.int64) for a in simple])))
+    names = ("group", "row", "family", "tps", "memory", "fits")
+    if not parts:
+        arrays = {name: np.empty(0) for name in names}
+        arrays["simplicity"] = np.empty((14, 0), dtype=np.int64)
+        return groups, arrays
+    arrays = {name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(names)}
+    arrays["simplicity"] = np.concatenate([p[6] for p in parts], axis=1)
+    return groups, arrays
+
+
+PER_FAMILY = 2
+"""Candidates of each leading family re-scored by the scalar model: its best and its next tie, if any (bulk and
+scalar scores agree to 1e-12; where they tie within :data:`TIE`, the scalar model's ranking decides among these)."""
+
+FAMILIES = 12
+"""Families whose best candidates are re-scored, best first: a plan shows its winner and the best candidates of
+the next few families (planner/explain.py: top_k of them, 3 by default; ``--measure`` runs the top k)."""
+
+
+def _chosen_rows(arrays: dict, top_k: int = 3) -> np.ndarray:
+    """Indices of the rows worth re-scoring: per family its best (fitting: most tokens/s; none fitting: least
+    memory), ties broken by simplicity as :func:`~autosp.planner.search.evaluator.rank_key` breaks them, and the
+    fastest rows that do not fit."""
+    fits, tps, mem, family = arrays["fits"], arrays["tps"], arrays["memory"], arrays["family"]
+    score = np.where(fits, tps, -mem)  # fitting rows (tokens/s >= 0) above every row that does not fit (< 0)
+    best = np.full(int(family.max()) + 1, -np.inf)
+    np.maximum.at(best, family, score)
+    family_best = best[family]
+    tied = np.flatnonzero(score >= family_best - TIE * np.abs(family_best))
+    # within each family's ties: simplest first (rank_key's order), PER_FAMILY of them
+    keys = arrays["simplicity"][:, tied]
+    order = np.lexsort(tuple(keys[::-1]) + (family[tied],))
+    ranked = tied[order]
+    fam = family[ranked]
+    position = np.arange(len(ranked)) - np.searchsorted(fam, fam)  # rank inside its family
+    leaders = ranked[position < PER_FAMILY]
+    # the FAMILIES (at least top_k + 1) best families, by their best score
+    family_order = np.argsort(-best, kind="stable")
+    wanted = family_order[:max(FAMILIES, top_k + 2)]
+    chosen = [leaders[np.isin(family[leaders], wanted)]]
+    if (~fits).any():
+        fastest = tps[~fits].max()
+        slow = np.flatnonzero(~fits & (tps >= fastest * (1 - TIE)))
+        # rank_key's order among rows that do not fit: least memory, then simplest
+        chosen.append(slow[np.lexsort(tuple(arrays["simplicity"][:, slow][::-1]) + (mem[slow],))][:PER_FAMILY])
+    return np.unique(np.concatenate(chosen))[:MAX_RESCORED]
+
+
+def bulk_throughput(space, evaluator: Evaluator, seq_len: int | None = None, top_k: int = 3) -> SearchResult:
+    """The exhaustive search's answer at ``seq_len`` (default: the space's), every candidate priced in bulk; the
+    candidates a plan shows are then priced by the scalar model through ``evaluator`` (module docstring)."""
+    seq = space.workload.seq_len if seq_len is None else seq_len
+    target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
+    groups, arrays = score_space(target)
+    n = len(arrays["tps"])
+    if n:
+        for i in _chosen_rows(arrays, top_k):
+            base, rows = groups[int(arrays["group"][i])]
+            evaluator(_candidate(target, base, rows, int(arrays["row"][i])), seq)
+    return SearchResult(strategy="exhaustive", seq_len=seq, ranked=ranked_at(evaluator, seq), evaluations=n,
+                        details={"space_size": n, "bulk_evaluations": n, "scalar_evaluations": evaluator.calls})
+
+
+def best_of(space, evaluator: Evaluator, seq_len: int | None = None):
+    """The best fitting candidate of ``space`` (all of it priced in bulk; the winner and its ties re-scored by the
+    scalar model through ``evaluator``), or None. For :func:`autosp.planner.search.optuna_search.family_sweep`."""
+    seq = space.workload.seq_len if seq_len is None else seq_len
+    groups, arrays = score_space(space)
+    fits = arrays["fits"]
+    if not fits.any():
+        return None
+    tps = np.where(fits, arrays["tps"], -np.inf)
+    top = tps.max()
+    best = None
+    for i in np.flatnonzero(tps >= top * (1 - TIE))[:MAX_RESCORED]:
+        base, rows = groups[int(arrays["group"][i])]
+        cand = _candidate(space, base, rows, int(arrays["row"][i]))
+        est = evaluator(cand, seq)
+        if est.fits and (best is None or est.tokens_per_second > best[1].tokens_per_second):
+            best = (cand, est)
+    return best[0] if best else None
+
+
+__all__ = ["BULK_EXHAUSTIVE_CANDIDATES", "MAX_RESCORED", "TIE", "best_of", "bulk_throughput", "score_space",
+           "space_groups", "supported"]

@@ -1,0 +1,688 @@
+"""The search space: which candidates exist for a (model, hardware, workload), and why others do not.
+
+A candidate (:class:`autosp.cost_models.specs.Candidate`) sets every knob the compiler applies. The space
+is the product of the knob choices below, cut down by the validity rules; :func:`invalid_reason`
+returns the first rule a candidate breaks (one line, for the report and the errors) or ``None``.
+
+Knobs and choices
+
+- ``sp``: a divisor of the world size. An SP group inside a node divides the node; one spanning nodes
+  tiles whole nodes (sp a multiple of the devices per node). Groups spanning nodes are searched by
+  default and priced by the cost model (their all-to-alls or ring steps use the inter-node links);
+  ``allow_cross_node_sp=False`` (``autosp-plan --no-cross-node-sp``) keeps every SP group inside a node.
+- ``ring``: the ring-attention degree R of the SP group (2-D SP: sp = U x R, U = sp / ring Ulysses ranks
+  of consecutive GPUs, R ring ranks strided by U). R = 1 is pure Ulysses, R = sp a pure ring.
+- ``dp = world / sp``; every rank is in exactly one SP group and one DP group.
+- ``zero_stage``: 0-3 (model states sharded over all dp x sp ranks, docs/design.md section 3).
+- ``micro_batch`` in :data:`MICRO_BATCHES`; ``grad_accum`` follows from ``--global-batch``:
+  global_batch = dp x micro_batch x grad_accum sequences. Without a global batch, grad_accum is 1 and a
+  step trains dp x micro_batch sequences.
+- ``checkpointing``: none / selective / sequence / full.
+- ``mlp_chunks`` in :data:`MLP_CHUNKS`, ``loss_chunks`` in :data:`LOSS_CHUNKS` (sequence tiling).
+- ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
+- ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
+  Adam); only with ZeRO stage >= 1.
+- ``offload_param``: ZeRO-3 parameter offload (each rank's bf16 weight partition on the host, fetched
+  layer by layer: cost_models/param_offload.py); only at ZeRO stage 3 and together with
+  ``offload_optimizer`` -- the pairing ALST's one-GPU recipe uses: the weights are 2 B per parameter
+  against the optimizer's 12 (+ gradients), so offloading them alone is never the leaner move.
+- ``ep``: expert parallelism of a mixture-of-experts model (cost_models/moe.py): the EP group of ``ep``
+  consecutive ranks (SP and DP ranks alike) splits every MoE layer's experts; 1 for a dense model, whose space
+  keeps its size.
+- ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
+  no all-to-all).
+- ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
+  chunks (cost_models/chunks.py); ``offload_chunks``: the chunks' saved tensors and the dK/dV accumulators
+  live in host memory, only with ``sequence_chunks > 1``. A chunked layer is checkpointed like attention: kept
+  (its layer input, K/V and attention output) under ``none``, ``selective`` and ``sequence`` alike, so with chunks
+  those three are ``none``; recomputed under ``full`` (then only its input is kept, and activation offload moves
+  that). It needs one attention per layer, so no ``head_pipeline``.
+
+Validity rules (docs/design.md section 2)
+
+- the Ulysses degree U carries the head rules: query heads divide by U; KV heads either divide by U
+  (sharded) or divide U (replicated U / n_kv times before the all-to-all); anything else is invalid. The
+  ring has no head rule, so an SP degree above the head count is reached through R;
+- R divides sp; U divides the devices of a node or is a multiple of them (a Ulysses group never straddles
+  a node boundary part-way);
+- ``head_pipeline`` needs at least two local query heads (heads / U) to pipeline;
+- a sequence that does not divide by sp (of lcm(sp, 2R) with a ring: 2R zigzag chunks over U ranks) is padded up
+  (pad tokens carry ignored labels): valid, and :func:`padding` says how much is wasted;
+- ``ep`` (mixture-of-experts models only; :func:`ep_choices`): divides the experts and the world, and, like a
+  Ulysses group, divides a node or is a multiple of its GPUs (an EP group never straddles a node part-way);
+- tiling: a chunk count above 1 must leave tiles of at least :data:`MIN_TILE_TOKENS` tokens of the
+  tokens one rank holds (padded length / sp); so short contexts are not tiled and long ones may be
+  tiled finely (ALST tiles its MLP in about seq_len / hidden pieces); sequence chunks hold at least
+  :data:`MIN_SEQUENCE_CHUNK_TOKENS`;
+- with a global batch, it must split evenly into dp x micro_batch x grad_accum.
+
+Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinned value alone, and
+:meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
+
+Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
+``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
+``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them;
+``offload_param=False`` below ZeRO-3 or without optimizer offload), so
+no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field, replace
+
+from autosp.cost_models.shapes import padding_multiple
+from autosp.cost_models.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
+
+ZERO_STAGES = (0, 1, 2, 3)
+MICRO_BATCHES = (1, 2, 4, 8)
+MLP_CHUNKS = (1, 2, 4, 8, 16, 32, 64)
+LOSS_CHUNKS = (1, 2, 4, 8, 16, 32, 64, 128)
+SEQUENCE_CHUNKS = (1, 4, 16, 64)
+"""Sequence chunks of a decoder layer the search offers (the cost model and the compiler take any count).
+Every fourth power of two: each extra choice multiplies the space (x 2 with chunk offload), and at the longest
+contexts the device memory of a chunked, offloaded layer is mostly full-length tensors by 64 chunks
+(residual gradients, the final norm, the tiled loss's hidden-state gradient: cost_models/chunks.py)."""
+MIN_SEQUENCE_CHUNK_TOKENS = 8192
+"""A sequence chunk holds at least this many of a rank's tokens. A space rule, not a cost: shorter chunks
+save memory only where the layer's working set is already small, and multiply all-to-all latencies, per-chunk
+overheads and (offloaded) the K/V chunk transfers, which grow with N^2; the cost model prices any count."""
+OFFLOAD = (False, True)
+MIN_TILE_TOKENS = 1024
+"""A tiled MLP or logits+loss chunk holds at least this many tokens: smaller tiles only add kernel
+launches and lose GEMM efficiency while saving memory that no longer matters."""
+
+from autosp.planner.search.space_version import SPACE_REVISION, SPACE_VERSION  # noqa: E402  (a hit reads it alone)
+
+
+CROSS_NODE_FLAG = "--no-cross-node-sp"
+"""The autosp-plan flag that keeps every SP group inside one node (named in the reasons below)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _padding_multiple(sp: int, ring: int) -> int:
+    return padding_multiple(Candidate(sp=sp, ring=ring))  # memoised: the searches ask for it per candidate
+
+
+def padded_length(seq_len: int, sp: int, ring: int = 1) -> int:
+    """The sequence length after padding to a multiple of ``sp`` (of lcm(sp, 2 x ring) with a ring: zigzag chunks)."""
+    multiple = _padding_multiple(sp, ring)
+    return -(-seq_len // multiple) * multiple
+
+
+def padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
+    """(pad tokens, fraction of the padded sequence that is padding)."""
+    padded = padded_length(seq_len, sp, ring)
+    return padded - seq_len, (padded - seq_len) / padded
+
+
+def local_tokens(seq_len: int, sp: int, ring: int = 1) -> int:
+    """Tokens of one sequence held by one rank of the SP group."""
+    return padded_length(seq_len, sp, ring) // sp
+
+
+def tile_ok(chunks: int, tokens: int) -> bool:
+    """Whether ``chunks`` tiles of ``tokens`` tokens each hold at least MIN_TILE_TOKENS (1 always does)."""
+    return chunks == 1 or tokens // chunks >= MIN_TILE_TOKENS
+
+
+def sequence_chunks_ok(chunks: int, tokens: int) -> bool:
+    """Whether ``chunks`` sequence chunks of ``tokens`` tokens each hold at least MIN_SEQUENCE_CHUNK_TOKENS."""
+    return chunks == 1 or tokens // chunks >= MIN_SEQUENCE_CHUNK_TOKENS
+
+
+def chunks_reason(sequence_chunks: int, checkpointing: str, overlap: str) -> str | None:
+    """Why sequence chunks cannot go with this policy or overlap schedule, or None."""
+    if sequence_chunks == 1:
+        return None
+    if checkpointing in ("selective", "sequence"):
+        return (f"a sequence-chunked layer is kept whole (its input, K/V, attention output) by every policy but "
+                f"full; use checkpointing 'none' or 'full' with sequence_chunks > 1, not {checkpointing!r}")
+    if overlap == "head_pipeline":
+        return "sequence_chunks needs one attention per layer; head_pipeline splits it into head groups"
+    return None
+
+
+def chunk_overlap(overlap: str, sequence_chunks: int) -> str:
+    """The overlap schedule nearest to ``overlap`` that sequence chunks allow (head_pipeline -> kv_async)."""
+    return "kv_async" if sequence_chunks > 1 and overlap == "head_pipeline" else overlap
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _placement_reason(hw: HardwareSpec, sp: int, allow_cross_node_sp: bool) -> str | None:
+    """Why an SP group of ``sp`` consecutive ranks cannot be placed on this cluster, or None."""
+    world, per_node = hw.world_size, hw.devices_per_node
+    if sp < 1 or world % sp:
+        return f"sp={sp} does not divide the world size {world}"
+    if sp > per_node:
+        if not allow_cross_node_sp:
+            return (f"sp={sp} spans nodes ({per_node} GPUs per node) and {CROSS_NODE_FLAG} keeps SP groups "
+                    f"inside a node")
+        if sp % per_node:
+            return f"sp={sp} would split a node of {per_node} GPUs between SP groups"
+    elif per_node % sp:
+        return f"sp={sp} does not divide the {per_node} GPUs of a node"
+    return None
+
+
+def layout_reason(model: ModelSpec, hw: HardwareSpec, sp: int, ring: int = 1,
+                  allow_cross_node_sp: bool = True) -> str | None:
+    """Why the SP layout sp = U x ``ring`` is impossible for this model and cluster, or None.
+
+    The head rules bind the Ulysses degree U = sp / ring (the ring has none)."""
+    reason = _placement_reason(hw, sp, allow_cross_node_sp)
+    if reason:
+        return reason
+    if ring < 1 or sp % ring:
+        return f"ring={ring} does not divide sp={sp}"
+    u = sp // ring
+    name = f"sp={sp}" if ring == 1 else f"ulysses={u} (sp={sp} / ring={ring})"
+    if model.n_heads % u:
+        return f"{model.n_heads} query heads do not divide by {name}"
+    kv = model.n_kv_heads
+    if u > 1 and kv % u and u % kv:
+        return f"{kv} KV heads neither divide by {name} nor divide it"
+    per_node = hw.devices_per_node
+    if u > per_node and u % per_node or u < per_node and per_node % u:
+        return f"a Ulysses group of {u} would straddle a node of {per_node} GPUs part-way"
+    return None
+
+
+def ring_choices(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: bool = True) -> tuple[int, ...]:
+    """The ring degrees that make a valid layout of ``sp`` (1 = pure Ulysses, sp = pure ring)."""
+    if _placement_reason(hw, sp, allow_cross_node_sp):
+        return ()
+    return tuple(r for r in divisors(sp) if layout_reason(model, hw, sp, r, allow_cross_node_sp) is None)
+
+
+def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: bool = True) -> str | None:
+    """Why SP degree ``sp`` is impossible for this model and cluster with every ring degree, or None."""
+    reason = _placement_reason(hw, sp, allow_cross_node_sp)
+    if reason:
+        return reason
+    if ring_choices(model, hw, sp, allow_cross_node_sp):
+        return None
+    return layout_reason(model, hw, sp, 1, allow_cross_node_sp)  # no U x R split works: say why U = sp fails
+
+
+def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
+    """Whether ZeRO-3 may tile the loss of ``model``: always. Under ZeRO-3 the compiler tiles the loss by keeping
+    the LM head gathered and traced inline with the loss (compiler/zero3.py), the input embedding too when the two
+    are tied (the one shared matrix stays gathered; the cost model charges it: memory.zero3_gathered_params). Kept
+    as the hook where a coupling of ZeRO stage and loss tiling would go."""
+    return True
+
+
+def ep_choices(model: ModelSpec, hw: HardwareSpec) -> tuple[int, ...]:
+    """The expert-parallel degrees of ``model`` on ``hw``: (1,) for a dense model; else the divisors of the world
+    that divide the experts and divide a node or are a multiple of its GPUs."""
+    if not model.n_experts:
+        return (1,)
+    per_node = hw.devices_per_node
+    return tuple(d for d in divisors(hw.world_size) if model.n_experts % d == 0
+                 and (per_node % d == 0 if d <= per_node else d % per_node == 0))
+
+
+def ep_reason(model: ModelSpec, hw: HardwareSpec, ep: int) -> str | None:
+    """Why expert-parallel degree ``ep`` is impossible for this model and cluster, or None."""
+    if ep == 1:
+        return None
+    if not model.n_experts:
+        return f"ep={ep} needs a mixture-of-experts model; {model.name} is dense"
+    if model.n_experts % ep:
+        return f"ep={ep} does not divide the {model.n_experts} experts"
+    if ep not in ep_choices(model, hw):
+        return (f"ep={ep} does not divide the world of {hw.world_size} GPUs or would straddle a node of "
+                f"{hw.devices_per_node} GPUs part-way")
+    return None
+
+
+def overlap_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
+    """Why an all-to-all overlap schedule cannot apply with a Ulysses degree of ``ulysses``, or None."""
+    if overlap != "none" and ulysses == 1:
+        return f"overlap {overlap!r} needs an all-to-all (a Ulysses degree sp / ring > 1)"
+    if overlap == "head_pipeline" and model.n_heads // ulysses < 2:
+        return (f"head_pipeline needs at least 2 local query heads, ulysses={ulysses} leaves "
+                f"{model.n_heads // ulysses}")
+    return None
+
+
+def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
+                   allow_cross_node_sp: bool = True) -> str | None:
+    """The first validity rule ``cand`` breaks, as one line; None when it is valid and canonical."""
+    if cand.sp * cand.dp != hw.world_size:
+        return f"sp x dp = {cand.sp} x {cand.dp} is not the world size {hw.world_size}"
+    reason = layout_reason(model, hw, cand.sp, cand.ring, allow_cross_node_sp)
+    if reason:
+        return reason
+    reason = overlap_reason(model, cand.overlap, cand.ulysses)
+    if reason:
+        return reason
+    reason = ep_reason(model, hw, cand.ep)
+    if reason:
+        return reason
+    reason = chunks_reason(cand.sequence_chunks, cand.checkpointing, cand.overlap)
+    if reason:
+        return reason
+    tokens = local_tokens(workload.seq_len, cand.sp, cand.ring)
+    for name in ("mlp_chunks", "loss_chunks"):
+        chunks = getattr(cand, name)
+        if not tile_ok(chunks, tokens):
+            return (f"{name}={chunks} would cut the {tokens} tokens per rank into tiles smaller than "
+                    f"{MIN_TILE_TOKENS}")
+    if not sequence_chunks_ok(cand.sequence_chunks, tokens):
+        return (f"sequence_chunks={cand.sequence_chunks} would cut the {tokens} tokens per rank into chunks smaller "
+                f"than {MIN_SEQUENCE_CHUNK_TOKENS}")
+    gb = workload.global_batch
+    if gb is None:
+        if cand.grad_accum != 1:
+            return "grad_accum > 1 needs --global-batch"
+    else:
+        if gb % cand.dp:
+            return f"global batch {gb} does not divide by dp={cand.dp}"
+        if (gb // cand.dp) % cand.micro_batch:
+            return f"global batch {gb} / dp={cand.dp} does not divide by micro_batch={cand.micro_batch}"
+        if gb != cand.dp * cand.micro_batch * cand.grad_accum:
+            return (f"dp x micro_batch x grad_accum = {cand.dp * cand.micro_batch * cand.grad_accum} "
+                    f"is not the global batch {gb}")
+    return None
+
+
+def canonical(cand: Candidate) -> Candidate:
+    """Fix the knobs that cannot matter, so equal training runs compare equal."""
+    changes = {}
+    if cand.ulysses == 1 and cand.overlap != "none":
+        changes["overlap"] = "none"
+    if cand.checkpointing == "none" and cand.offload_activations:
+        changes["offload_activations"] = False
+    if cand.zero_stage == 0 and cand.offload_optimizer:
+        changes["offload_optimizer"] = False
+    if cand.sequence_chunks > 1 and cand.checkpointing in ("selective", "sequence"):
+        changes.update(checkpointing="none", offload_activations=False)
+    if cand.offload_param and not param_offload_ok(cand.zero_stage, cand.offload_optimizer and cand.zero_stage > 0):
+        changes["offload_param"] = False
+    return replace(cand, **changes) if changes else cand
+
+
+def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
+    """Parameter offload is searched at ZeRO-3 together with optimizer offload (module docstring)."""
+    return zero_stage == 3 and offload_optimizer
+
+
+def make_candidate(world: int, global_batch: int | None, *, sp: int, zero_stage: int, micro_batch: int,
+                   checkpointing: str, mlp_chunks: int, loss_chunks: int, offload_activations: bool,
+                   overlap: str, offload_optimizer: bool = False, ring: int = 1, sequence_chunks: int = 1,
+                   offload_chunks: bool = False, offload_param: bool = False, ep: int = 1) -> Candidate:
+    """A canonical candidate from knob values; dp and grad_accum follow from the world and global batch.
+
+    When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
+    :func:`invalid_reason` reports the problem.
+    """
+    dp = world // sp
+    grad_accum = 1
+    if global_batch is not None and global_batch % (dp * micro_batch) == 0:
+        grad_accum = global_batch // (dp * micro_batch)
+    offload_chunks = offload_chunks and sequence_chunks > 1
+    if sequence_chunks > 1 and checkpointing != "full":  # chunked layers are kept like attention by all three
+        checkpointing = "none"
+    return Candidate(sp=sp, dp=dp, zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
+                     checkpointing=checkpointing, mlp_chunks=mlp_chunks, loss_chunks=loss_chunks,
+                     offload_activations=offload_activations and checkpointing != "none",
+                     overlap=overlap if sp > ring else "none",
+                     offload_optimizer=offload_optimizer and zero_stage >= 1, ring=ring,
+                     sequence_chunks=sequence_chunks, offload_chunks=offload_chunks,
+                     offload_param=offload_param and param_offload_ok(zero_stage, offload_optimizer), ep=ep)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The knob choices for one request; :meth:`candidates` enumerates the valid canonical points."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    workload: Workload
+    allow_cross_node_sp: bool = True
+    sp: tuple[int, ...] = ()
+    excluded_sp: tuple[tuple[int, str], ...] = ()
+    ring: tuple[int, ...] = (1,)
+    zero_stage: tuple[int, ...] = ZERO_STAGES
+    micro_batch: tuple[int, ...] = MICRO_BATCHES
+    checkpointing: tuple[str, ...] = CHECKPOINTING_POLICIES
+    mlp_chunks: tuple[int, ...] = MLP_CHUNKS
+    loss_chunks: tuple[int, ...] = LOSS_CHUNKS
+    offload_activations: tuple[bool, ...] = OFFLOAD
+    overlap: tuple[str, ...] = OVERLAP_SCHEDULES
+    offload_optimizer: tuple[bool, ...] = OFFLOAD
+    sequence_chunks: tuple[int, ...] = SEQUENCE_CHUNKS
+    offload_chunks: tuple[bool, ...] = OFFLOAD
+    offload_param: tuple[bool, ...] = OFFLOAD
+    ep: tuple[int, ...] = (1,)
+    fixed: tuple[tuple[str, object], ...] = ()
+    """Pinned knobs (``--fix``, :mod:`autosp.planner.pins`): (name, value) pairs every candidate must keep;
+    their choices above are already restricted to the pinned value."""
+    profile: object = field(default=None, compare=False, repr=False)
+    """The model's :class:`~autosp.cost_models.profile.ModelProfile` when it is graph-derived (a model that
+    is not a preset); None prices ``model`` with the analytic profile. Travels with :meth:`with_workload`."""
+
+    KNOBS = ("sp", "ring", "zero_stage", "micro_batch", "checkpointing", "mlp_chunks", "loss_chunks",
+             "offload_activations", "overlap", "offload_optimizer", "sequence_chunks", "offload_chunks",
+             "offload_param", "ep")
+
+    def choices(self) -> dict[str, tuple]:
+        return {name: getattr(self, name) for name in self.KNOBS}
+
+    def pinned(self) -> dict:
+        """The searched knobs a pin sets (``--fix``; a ``dp`` pin sets sp), with the pinned value."""
+        names = {"sp" if name == "dp" else name for name, _ in self.fixed}
+        return {name: getattr(self, name)[0] for name in self.KNOBS if name in names and getattr(self, name)}
+
+    def make(self, **knobs) -> Candidate:
+        """The canonical candidate of ``knobs``, every pinned knob set to its pinned value whatever ``knobs``
+        say: every strategy (warm starts, sweeps, climbs, completions) builds its candidates here, so none can
+        lose a pin by accident. A pin the canonical form cannot keep beside the other knobs (activation offload
+        without checkpointing) leaves a candidate that :meth:`reason` refuses. A caller that does not name ``ep``
+        gets the space's first (1 unless pinned)."""
+        knobs.setdefault("ep", self.ep[0])
+        if self.fixed:
+            knobs.update(self.pinned())
+        return make_candidate(self.hardware.world_size, self.workload.global_batch, **knobs)
+
+    def admits(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is a point of this space: valid, keeping every pin, each knob one of the space's
+        choices (what a sampler can be told about: Optuna refuses an enqueued value outside them)."""
+        return self.reason(cand) is None and all(getattr(cand, k) in getattr(self, k) for k in self.KNOBS)
+
+    def rings_for(self, sp: int) -> tuple[int, ...]:
+        """The ring degrees of this space that make a valid layout of ``sp``."""
+        return tuple(r for r in ring_choices(self.model, self.hardware, sp, self.allow_cross_node_sp)
+                     if r in self.ring)
+
+    def make_nearest(self, **knobs) -> Candidate:
+        """Like :meth:`make`, but a ring degree, tiling level or micro-batch that is invalid with the chosen sp
+        is moved to the nearest valid one below it (for samplers that propose knobs independently)."""
+        knobs.setdefault("ring", 1)
+        rings = self.rings_for(knobs["sp"])
+        if rings and knobs["ring"] not in rings:
+            below = [r for r in rings if r <= knobs["ring"]]
+            knobs = dict(knobs, ring=below[-1] if below else rings[0])
+        per = self.per_layout_choices(knobs["sp"], knobs["ring"])
+        if per is not None:
+            for name in ("mlp_chunks", "loss_chunks", "sequence_chunks", "micro_batch"):
+                valid = per[name]
+                if valid and knobs[name] not in valid:
+                    below = [v for v in valid if v <= knobs[name]]
+                    knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
+        if not zero3_loss_ok(self.model, knobs["zero_stage"], knobs["loss_chunks"]):
+            knobs = dict(knobs, loss_chunks=1)
+        knobs["overlap"] = chunk_overlap(knobs["overlap"], knobs.get("sequence_chunks", 1))
+        return self.make(**knobs)
+
+    def min_seq_len(self, cand: Candidate) -> int:
+        """The shortest sequence at which ``cand``'s tiling is valid (tiles of MIN_TILE_TOKENS)."""
+        chunks = max(cand.mlp_chunks, cand.loss_chunks)
+        tiles = 1 if chunks == 1 else cand.sp * chunks * MIN_TILE_TOKENS
+        seq = 1 if cand.sequence_chunks == 1 else cand.sp * cand.sequence_chunks * MIN_SEQUENCE_CHUNK_TOKENS
+        return max(tiles, seq)
+
+    def reason(self, cand: Candidate, workload: Workload | None = None) -> str | None:
+        reason = invalid_reason(self.model, self.hardware, workload or self.workload, cand, self.allow_cross_node_sp)
+        if reason is None and self.fixed:
+            reason = pin_reason(cand, self.fixed)
+        return reason
+
+    def with_workload(self, workload: Workload) -> "SearchSpace":
+        """The space of the same request at another workload (the tiling choices depend on its length)."""
+        return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile,
+                           fixed=self.fixed)
+
+    def lean_micro_batch(self) -> "SearchSpace":
+        """This space with micro-batch 1 only, or its one pinned micro-batch (a bigger micro-batch never fits
+        a longer sequence: what the max-ctx searches explore)."""
+        return replace(self, micro_batch=(1,) if 1 in self.micro_batch else self.micro_batch[:1])
+
+    def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
+        """The knob values valid together with ``sp`` for some ring degree: ``ring`` lists those degrees, the
+        other knobs are the union over them (:meth:`per_layout_choices` gives them per layout)."""
+        rings = self.rings_for(sp)
+        if not rings:
+            return None
+        per = [self.per_layout_choices(sp, r) for r in rings]
+        merged = {"ring": rings}
+        for name in per[0]:
+            merged[name] = tuple(v for v in getattr(self, name) if any(v in p[name] for p in per))
+        return merged
+
+    def per_layout_choices(self, sp: int, ring: int) -> dict[str, tuple] | None:
+        """The knob values valid together with the layout sp = (sp / ring) x ring (every rule but
+        :func:`zero3_loss_ok` is separable once the layout is fixed)."""
+        if ring not in self.ring or layout_reason(self.model, self.hardware, sp, ring, self.allow_cross_node_sp):
+            return None
+        tokens = local_tokens(self.workload.seq_len, sp, ring)
+        gb, dp = self.workload.global_batch, self.hardware.world_size // sp
+        if gb is None:
+            micro = self.micro_batch
+        else:
+            accum = dict(self.fixed).get("grad_accum")  # a pinned grad_accum leaves one micro-batch per layout
+            micro = tuple(m for m in self.micro_batch if gb % (dp * m) == 0
+                          and (accum is None or gb == dp * m * accum))
+        ulysses = sp // ring
+        overlap = tuple(o for o in self.overlap if overlap_reason(self.model, o, ulysses) is None)
+        return {"zero_stage": self.zero_stage, "micro_batch": micro, "checkpointing": self.checkpointing,
+                "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
+                "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
+                "offload_activations": self.offload_activations, "overlap": overlap,
+                "offload_optimizer": self.offload_optimizer,
+                "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)),
+                "offload_chunks": self.offload_chunks, "offload_param": self.offload_param, "ep": self.ep}
+
+    def layouts(self):
+        """The valid (sp, ring) pairs of this space, in a fixed order."""
+        for sp in self.sp:
+            for ring in self.rings_for(sp):
+                yield sp, ring
+
+    def candidates(self):
+        """Every valid canonical candidate, in a fixed order (deterministic searches and ties)."""
+        for sp, ring in self.layouts():
+            per = self.per_layout_choices(sp, ring)
+            if per is None:
+                continue
+            for zero, optim, param, micro, ckpt, mlp, loss, seq, seq_off, offload, overlap, ep in itertools.product(
+                    per["zero_stage"], per["offload_optimizer"], per["offload_param"], per["micro_batch"],
+                    per["checkpointing"], per["mlp_chunks"], per["loss_chunks"], per["sequence_chunks"],
+                    per["offload_chunks"], per["offload_activations"], per["overlap"], per["ep"]):
+                if offload and ckpt == "none":
+                    continue  # canonical: offload needs checkpointed tensors
+                if seq_off and seq == 1:
+                    continue  # canonical: chunk offload needs sequence chunks
+                if chunks_reason(seq, ckpt, overlap):
+                    continue
+                if optim and zero == 0:
+                    continue  # canonical: ZeRO-Offload needs ZeRO
+                if param and not param_offload_ok(zero, optim):
+                    continue  # canonical: parameter offload at ZeRO-3 with optimizer offload
+                if not zero3_loss_ok(self.model, zero, loss):
+                    continue
+                yield self.make(sp=sp, ring=ring, zero_stage=zero, micro_batch=micro, checkpointing=ckpt,
+                                mlp_chunks=mlp, loss_chunks=loss, offload_activations=offload, overlap=overlap,
+                                offload_optimizer=optim, sequence_chunks=seq, offload_chunks=seq_off,
+                                offload_param=param, ep=ep)
+
+    def size(self) -> int:
+        """len(list(self.candidates())), without building them."""
+        total = 0
+        for sp, ring in self.layouts():
+            per = self.per_layout_choices(sp, ring)
+            if per is None:
+                continue
+            acts, optims, seq_offs = per["offload_activations"], per["offload_optimizer"], per["offload_chunks"]
+            params = per["offload_param"]
+            # (checkpointing, activation offload, sequence chunks, chunk offload, overlap) combinations
+            n_ckpt_offload = 0
+            for seq in per["sequence_chunks"]:
+                for seq_off in seq_offs:
+                    if seq_off and seq == 1:
+                        continue
+                    for c in per["checkpointing"]:
+                        n_acts = (False in acts) + (c != "none" and True in acts)
+                        n_ckpt_offload += n_acts * sum(not chunks_reason(seq, c, o) for o in per["overlap"])
+            n_zero_loss_optim = sum(sum(p_ok for o in optims if not o or z >= 1
+                                        for p_ok in ((False in params), (True in params and param_offload_ok(z, o))))
+                                    * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
+            total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
+                      * len(per["ep"]))
+        return total
+
+    def neighbours(self, cand: Candidate):
+        """Valid candidates one move away from ``cand`` (for local refinement).
+
+        A move changes one knob; changing sp also tries every ring degree of the new sp (the layout moves as
+        one), every overlap schedule (a pure ring or sp = 1 has none to keep) and the micro-batch that keeps
+        the tokens per GPU constant (sp and micro-batch trade); changing the ring also tries every overlap
+        schedule (the Ulysses degree changes with it).
+        """
+        base = {k: getattr(cand, k) for k in self.KNOBS}
+        choices = self.choices()
+        seen = {cand}
+        for name in self.KNOBS:
+            for value in choices[name]:
+                if value == base[name]:
+                    continue
+                variants = [{name: value}]
+                if name == "sp":
+                    scaled = base["micro_batch"] * value // base["sp"]
+                    micro = {base["micro_batch"]}
+                    if scaled * base["sp"] == base["micro_batch"] * value and scaled in choices["micro_batch"]:
+                        micro.add(scaled)
+                    variants = [{"sp": value, "ring": r, "micro_batch": m, "overlap": o}
+                                for r in self.rings_for(value) for m in sorted(micro)
+                                for o in (choices["overlap"] if value > r else ("none",))]
+                elif name == "ring":
+                    if base["sp"] % value:
+                        continue
+                    overlaps = choices["overlap"] if base["sp"] > value else ("none",)
+                    variants = [{"ring": value, "overlap": o} for o in overlaps]
+                elif name == "sequence_chunks":  # head_pipeline gives way to kv_async with chunks
+                    variants = [{name: value, "overlap": chunk_overlap(base["overlap"], value)}]
+                for change in variants:
+                    other = self.make(**{**base, **change})
+                    if other not in seen and not self.reason(other):
+                        seen.add(other)
+                        yield other
+
+
+def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cross_node_sp: bool = True,
+                micro_batches: tuple[int, ...] | None = None, profile=None, fixed=()) -> SearchSpace:
+    """The space for one request. ``micro_batches`` overrides the micro-batch choices (max-ctx uses 1);
+    ``profile`` is the model's graph-derived ModelProfile (None: the analytic one of ``model``).
+    ``allow_cross_node_sp=False`` keeps every SP group inside a node (``autosp-plan --no-cross-node-sp``).
+    ``fixed``: pinned knobs, (name, value) pairs (:func:`autosp.planner.pins.pin_space`; a UsageError when
+    a pin cannot hold on this model and cluster)."""
+    valid, excluded, rings = [], [], set()
+    for sp in divisors(hw.world_size):
+        reason = sp_reason(model, hw, sp, allow_cross_node_sp)
+        if reason is None:
+            valid.append(sp)
+            rings.update(ring_choices(model, hw, sp, allow_cross_node_sp))
+        else:
+            excluded.append((sp, reason))
+    mb = MICRO_BATCHES if micro_batches is None else tuple(micro_batches)
+    # tiling levels no sp can use at this length are left out (they would only waste samples)
+    most = local_tokens(workload.seq_len, min(valid)) if valid else 0
+    mlp = tuple(c for c in MLP_CHUNKS if tile_ok(c, most)) or (1,)
+    loss = tuple(c for c in LOSS_CHUNKS if tile_ok(c, most)) or (1,)
+    seq = tuple(c for c in SEQUENCE_CHUNKS if sequence_chunks_ok(c, most)) or (1,)
+    seq_off = OFFLOAD if len(seq) > 1 else (False,)
+    if workload.global_batch is not None:
+        # Only micro-batches that can divide some replica's share of the global batch.
+        mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
+        mb = mb or (1,)
+    space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
+                        sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
+                        micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, sequence_chunks=seq,
+                        offload_chunks=seq_off, ep=ep_choices(model, hw), profile=profile)
+    return restrict(space, tuple(fixed)) if fixed else space
+
+
+def _shown(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def pin_reason(cand: Candidate, pins) -> str | None:
+    """The first pin (name, value) ``cand`` does not keep, as one line, or None."""
+    for name, value in pins:
+        if getattr(cand, name) != value:
+            return f"{name} is pinned to {_shown(value)} (--fix), this candidate has {_shown(getattr(cand, name))}"
+    return None
+
+
+def restrict(space: SearchSpace, pins) -> SearchSpace:
+    """``space`` with each pinned knob's choices reduced to the pinned value (``dp`` pins sp = world / dp), and
+    the other knobs' choices to the values the canonical form lets stand beside them (:func:`implied_choices`):
+    so the first choice of every knob, where the strategies start, keeps the pins. The candidates must also
+    keep every pin (:meth:`SearchSpace.reason`). :func:`autosp.planner.pins.check_pins` says in one line why
+    pins cannot hold."""
+    changes = {}
+    world = space.hardware.world_size
+    for name, value in pins:
+        if name == "dp":
+            name, value = "sp", world // value if value and world % value == 0 else 0
+        if name in space.KNOBS:
+            changes[name] = (value,)
+    restricted = replace(space, fixed=tuple(pins), **changes)
+    return replace(restricted, **implied_choices(restricted))
+
+
+def implied_choices(space: SearchSpace) -> dict[str, tuple]:
+    """The knob choices of ``space`` narrowed to the values that some canonical candidate can take together
+    with every knob that has a single choice (a pin, or a space with one value): the couplings of
+    :func:`canonical` and :func:`make_candidate` read the other way round (activation offload needs a
+    checkpointing policy, chunk offload sequence chunks, optimizer offload ZeRO >= 1, parameter offload ZeRO-3
+    with optimizer offload, sequence chunks checkpointing none or full and no head_pipeline). Repeated until nothing changes (one narrowing can leave another knob single). An
+    empty tuple: the single values exclude each other."""
+    c = {name: tuple(getattr(space, name)) for name in space.KNOBS}
+    pinned = set(space.pinned())  # never narrowed here: pins that exclude each other are said by pins.check_pins
+    while True:
+        one = {name: values[0] for name, values in c.items() if len(values) == 1}
+        rules = []  # (knob narrowed, test of its values)
+        if one.get("offload_activations") is True:
+            rules.append(("checkpointing", lambda v: v != "none"))
+        if one.get("checkpointing") == "none":
+            rules.append(("offload_activations", lambda v: not v))
+        if one.get("offload_chunks") is True:
+            rules.append(("sequence_chunks", lambda v: v > 1))
+        if one.get("sequence_chunks") == 1:
+            rules.append(("offload_chunks", lambda v: not v))
+        if one.get("sequence_chunks", 1) > 1:
+            rules += [("checkpointing", lambda v: v in ("none", "full")), ("overlap", lambda v: v != "head_pipeline")]
+        if one.get("checkpointing") in ("selective", "sequence") or one.get("overlap") == "head_pipeline":
+            rules += [("sequence_chunks", lambda v: v == 1), ("offload_chunks", lambda v: not v)]
+        if one.get("offload_optimizer") is True:
+            rules.append(("zero_stage", lambda v: v >= 1))
+        if one.get("zero_stage") == 0:
+            rules.append(("offload_optimizer", lambda v: not v))
+        if one.get("offload_param") is True:
+            rules += [("zero_stage", lambda v: v == 3), ("offload_optimizer", lambda v: v)]
+        if one.get("offload_optimizer") is False or one.get("zero_stage", 3) != 3:
+            rules.append(("offload_param", lambda v: not v))
+        changed = False
+        for name, ok in rules:
+            if name in pinned:
+                continue
+            kept = tuple(v for v in c[name] if ok(v))
+            if kept != c[name]:
+                c[name], changed = kept, True
+        if not changed:
+            return {name: values for name, values in c.items() if values != getattr(space, name)}
+
+
+__all__ = ["CROSS_NODE_FLAG", "LOSS_CHUNKS", "MICRO_BATCHES", "MIN_SEQUENCE_CHUNK_TOKENS", "MIN_TILE_TOKENS",
+           "MLP_CHUNKS", "OFFLOAD", "SEQUENCE_CHUNKS", "SPACE_REVISION", "SPACE_VERSION", "SearchSpace",
+           "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors", "ep_choices", "ep_reason",
+           "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "overlap_reason", "padded_length",
+           "implied_choices", "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
+           "sp_reason", "tile_ok", "zero3_loss_ok"]
