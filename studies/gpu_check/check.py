@@ -156,7 +156,12 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     say(title)
     if dry_run:
         say("(dry run: tiny sizes test the code path end to end; its ratios say nothing about a GPU)")
-    attention_lines = _attention_kernels()
+    if dry_run:  # no CUDA here: nothing to select, and no CUDA context to keep out of this process
+        from studies.gpu_check.attention import probe_lines
+
+        attention_lines = probe_lines()
+    else:
+        attention_lines = _attention_kernels()
     for line in attention_lines:
         say(line)
     for s in skipped:
