@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 
 def memo_dir() -> Path:
-    override = os.environ.get("AUTOSP_CACHE_DIR")
-    if override:
-        return Path(override).expanduser() / "catalogs"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autosp" / "catalogs"
+    from autosp.files import cache_subdir
+
+    return cache_subdir("catalogs")
 
 
 def load_toml(path: Path) -> dict:
