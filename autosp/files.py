@@ -132,6 +132,18 @@ def write_bytes(path, data: bytes, flag: str = "") -> None:
                 pass
 
 
+def cache_subdir(name: str):
+    """autosp's cache folder ``name``: ``$AUTOSP_CACHE_DIR/name``, else ``$XDG_CACHE_HOME/autosp/name``, else
+    ``~/.cache/autosp/name`` (a Path; not created)."""
+    from pathlib import Path
+
+    override = os.environ.get("AUTOSP_CACHE_DIR")
+    if override:
+        return Path(override).expanduser() / name
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autosp" / name
+
+
 def make_cache_dirs(path) -> None:
     """``mkdir -p path`` for a cache, except that a home directory that does not exist (``HOME=/nonexistent``,
     a service account) is never created: an OSError, which a cache turns into "off, with one warning"."""

@@ -87,9 +87,8 @@ def plan_for(request: PlanRequest, options: RunOptions | None = None, **option_f
     resolved = resolve(request)
     if options.measure is not None:
         options = replace(options, measure=options.measure.check(resolved.hardware))
-    space = _space(request, resolved)
 
-    from autosp.planner.search.space import SPACE_VERSION
+    from autosp.planner.search.space_version import SPACE_VERSION
 
     request_key = resolved.key_material(trials, SPACE_VERSION)
     shared = _shared_study(options, resolved, request_key, collect_only=trials == 0)
@@ -104,7 +103,9 @@ def plan_for(request: PlanRequest, options: RunOptions | None = None, **option_f
         if hit is not None:
             store.close()
             return hit
-
+    # The space is built after the cache lookup: a cached request passed the space's checks when it was planned
+    # (same key: same request and code), and a hit then imports neither the space nor the search.
+    space = _space(request, resolved)
     found = _search(request, options, space, trials, shared)
     chosen = _explain(request, options, resolved, space, found, shared)
     info = _search_info(request, resolved, space, found, chosen, cache="miss" if store is not None else "off",

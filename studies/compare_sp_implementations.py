@@ -29,6 +29,17 @@ How each baseline is driven follows its public documentation in DeepSpeed 0.19.8
   ``--rings`` also its 2-D layouts, ``autosp.compile(..., ring_size=R)``: Ulysses over P/R ranks x ring
   attention over R ranks (R = P: pure ring), which neither baseline has; each is a row of its own.
 
+- autosp's memory-lean plan (row ``autosp_lean``, unless ``--lean-tiles 0``): the same compile with the plan
+  ``Candidate(sp=P, zero_stage=1, checkpointing="sequence", mlp_chunks=T, loss_chunks=T)`` (T = ``--lean-tiles``):
+  sequence checkpointing and MLP and logits+loss tiling, the knobs that trade step time for activation memory.
+
+Besides the step time, each row reports the bytes its forward saves for the backward on rank 0
+(:func:`autosp.compiler.saved_memory.measure_saved`, parameters left out), measured on one extra step after the
+timed ones, and the ratios of both to ALST's (``x alst``): the memory-lean plan's target is at most 0.9x ALST's
+step time with at most 0.3x its saved activations. On a shared machine compare the ratios of one run (its rows
+ran minutes apart at most), and repeat the run for their spread: ALST's registration is process-global, so one
+launch cannot run it twice.
+
 Run:  .venv/bin/python studies/compare_sp_implementations.py [--sp 4] [--rings 1,2,4] [--seq 256] [--steps 6]
 Writes a JSON summary (default studies/results/compare_sp_implementations.json) and prints a table.
 """
@@ -95,7 +106,8 @@ def sp_mean(value: float, group) -> float:
 def timed_training(engine, loss_fn, steps):
     """Train ``steps`` steps: ``loss_fn()`` returns (the loss to back-propagate, what to report); the first
     step's gradients are compared with the single-process reference. Returns (first step's report,
-    median step time of the others, their times, worst gradient error)."""
+    median step time of the others, their times, worst gradient error, bytes saved for the backward by the
+    forward of one more step)."""
     state = {}
 
     def step():
@@ -107,7 +119,13 @@ def timed_training(engine, loss_fn, steps):
         return reported
 
     first, median, times = timed_steps(step, steps)
-    return first, median, times, state["grad"]
+    from autosp.compiler.saved_memory import measure_saved
+
+    with measure_saved(engine.module) as saved:  # one more step: what its forward keeps for the backward
+        loss, _ = loss_fn()
+    engine.backward(loss)
+    engine.step()
+    return first, median, times, state["grad"], saved.total_bytes
 
 
 def timed_steps(step_fn, steps):
@@ -152,8 +170,25 @@ def run_autosp(model, ids, labels, args, rank, ring=1):
         loss = engine(input_ids=ids, labels=labels)
         return loss, loss.item()
 
-    loss, median, times, grad = timed_training(engine, loss_fn, args.steps)
-    return {"loss_reported": loss, "grad_error": grad, "step_time_s": median, "times": times}
+    loss, median, times, grad, saved = timed_training(engine, loss_fn, args.steps)
+    return {"loss_reported": loss, "grad_error": grad, "step_time_s": median, "times": times, "saved_bytes": saved}
+
+
+def run_autosp_lean(model, ids, labels, args, rank):
+    """autosp with the memory-lean plan: sequence checkpointing, MLP and logits+loss tiling (module docstring)."""
+    import autosp
+    from autosp.cost_models.specs import Candidate
+
+    plan = Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
+                     loss_chunks=args.lean_tiles)
+    engine = autosp.compile(copy.deepcopy(model), plan=plan, optimizer=sgd0, backend=args.backend)
+
+    def loss_fn():
+        loss = engine(input_ids=ids, labels=labels)
+        return loss, loss.item()
+
+    loss, median, times, grad, saved = timed_training(engine, loss_fn, args.steps)
+    return {"loss_reported": loss, "grad_error": grad, "step_time_s": median, "times": times, "saved_bytes": saved}
 
 
 def run_deepspeed_autosp(model, ids, labels, args, rank):
@@ -181,10 +216,10 @@ def run_deepspeed_autosp(model, ids, labels, args, rank):
         loss = engine(input_ids=i, labels=lab, position_ids=pos, attention_mask=am).loss
         return loss, loss.item()
 
-    loss, median, times, grad = timed_training(engine, loss_fn, args.steps)
+    loss, median, times, grad, saved = timed_training(engine, loss_fn, args.steps)
     sp_group = None  # the whole world is one SP group here
     return {"loss_reported": loss, "loss_sp_mean": sp_mean(loss, sp_group), "grad_error": grad,
-            "step_time_s": median, "times": times}
+            "step_time_s": median, "times": times, "saved_bytes": saved}
 
 
 def run_alst(model, ids, labels, args, rank):
@@ -220,9 +255,9 @@ def run_alst(model, ids, labels, args, rank):
             total = sum(l * g for l, g in zip(losses, goods)) / torch.clamp(sum(goods), min=1)
             return total, (loss.item(), total.item())
 
-        (local_loss, weighted), median, times, grad = timed_training(engine, loss_fn, args.steps)
+        (local_loss, weighted), median, times, grad, saved = timed_training(engine, loss_fn, args.steps)
         return {"loss_reported": local_loss, "loss_sp_mean": sp_mean(local_loss, group), "loss_weighted": weighted,
-                "grad_error": grad, "step_time_s": median, "times": times}
+                "grad_error": grad, "step_time_s": median, "times": times, "saved_bytes": saved}
     finally:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = original_sdpa
 
@@ -238,7 +273,9 @@ def autosp_name(sp: int, ring: int) -> str:
 def implementations(args):
     """(result key, runner) in the order they run: autosp's layouts, then the two baselines."""
     runs = [(autosp_name(args.sp, r), (lambda r: lambda *a: run_autosp(*a, ring=r))(r)) for r in args.rings]
-    return runs + [("deepspeed_autosp", run_deepspeed_autosp), ("alst", run_alst)]
+    lean = [("autosp_lean", run_autosp_lean)] if args.lean_tiles else []
+    baselines = [("deepspeed_autosp", run_deepspeed_autosp)] if not args.no_deepspeed_autosp else []
+    return runs + lean + baselines + [("alst", run_alst)]
 
 
 def worker(rank, world, args):
@@ -277,6 +314,9 @@ def main():
                         help="share of the sequence whose labels are ignored (default 0.2: every one of 4 shards still holds valid targets)")
     parser.add_argument("--steps", type=int, default=6, help="steps per implementation; the first is not timed")
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
+    parser.add_argument("--lean-tiles", type=int, default=4,
+                        help="MLP and loss tiles of the memory-lean row autosp_lean (0: leave the row out; default 4)")
+    parser.add_argument("--no-deepspeed-autosp", action="store_true", help="leave out DeepSpeed's AutoSP row")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "compare_sp_implementations.json"))
     args = parser.parse_args()
@@ -301,10 +341,12 @@ def main():
 
     true = results["reference"]["loss"]
     base = results.get("autosp", {}).get("step_time_s")
+    alst = results.get("alst", {})
     print(f"true full-sequence loss {true:.6f}  (single process eager step {results['reference']['step_time_s']:.3f} s)")
     print(f"{'implementation':<18} {'reported loss':>14} {'rel. error':>11} {'worst grad err':>15} {'step s':>8} "
-          f"{'x autosp':>9}")
-    for name in [autosp_name(args.sp, r) for r in args.rings] + ["deepspeed_autosp", "alst"]:
+          f"{'x autosp':>9} {'x alst':>7} {'saved MiB':>10} {'x alst':>7}")
+    names = [name for name, _ in implementations(args)]
+    for name in names:
         r = results.get(name, {})
         if "failed" in r:
             print(f"{name:<18} failed: {r['failed']}")
@@ -315,8 +357,12 @@ def main():
         if "loss_weighted" in r:
             rows.append((" (weighted)", r["loss_weighted"]))
         for i, (tag, value) in enumerate(rows):
-            extra = (f" {r['grad_error'][0]:>15.2e} {r['step_time_s']:>8.3f} {r['step_time_s'] / base:>9.2f}"
-                     if i == 0 and base else "")
+            extra = ""
+            if i == 0 and base:
+                extra = f" {r['grad_error'][0]:>15.2e} {r['step_time_s']:>8.3f} {r['step_time_s'] / base:>9.2f}"
+                if "step_time_s" in alst:
+                    extra += (f" {r['step_time_s'] / alst['step_time_s']:>7.2f} {r['saved_bytes'] / 2**20:>10.2f}"
+                              f" {r['saved_bytes'] / alst['saved_bytes']:>7.2f}")
             print(f"{(name + tag):<18} {value:>14.6f} {abs(value - true) / abs(true):>11.2e}{extra}")
     print(f"written to {args.out}")
     return 0

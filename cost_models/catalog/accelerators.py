@@ -4,7 +4,6 @@ a calibrated device's catalog twin in it."""
 
 from __future__ import annotations
 
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,8 +12,9 @@ DATA_FILE = Path(__file__).with_name("hardware.toml")
 
 @lru_cache(maxsize=1)
 def _raw_catalog() -> dict:
-    with open(DATA_FILE, "rb") as f:
-        return tomllib.load(f)
+    from autosp.cost_models.catalog.parsed import load_toml
+
+    return load_toml(DATA_FILE)
 
 
 def accelerator_table() -> dict:

@@ -41,7 +41,6 @@ import math
 import os
 import re
 import sys
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -234,6 +233,8 @@ def hardware_from_toml(path: str | os.PathLike, nodes: int | None = None) -> Har
     """A custom cluster file (schema in the module docstring)."""
     where = os.fspath(path)
     text = read_text(path, "cluster file ")
+    import tomllib  # here, not at the top: the catalogs themselves are read from their JSON memo (parsed.py)
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

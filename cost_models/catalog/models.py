@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 
@@ -50,8 +49,9 @@ TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text", "cohere
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
-    with open(DATA_FILE, "rb") as f:
-        return tomllib.load(f)["models"]
+    from autosp.cost_models.catalog.parsed import load_toml
+
+    return load_toml(DATA_FILE)["models"]
 
 
 def _spec_from_entry(name: str, entry: dict) -> ModelSpec:

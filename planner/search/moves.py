@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from autosp.contract.knobs import BY_NAME, DIALS, MEMORY_STEPS, fast_dials
 from autosp.contract.knobs import knobs_of as table_knobs_of
-from autosp.planner.search.space import chunk_overlap
 
 
 def knobs_of(space, cand) -> dict:
@@ -41,6 +40,8 @@ def single_moves(space, cand, stronger: bool) -> list:
     for name in DIALS:  # the offloads: switched on (off) where the canonical form lets them
         if BY_NAME[name].kind is bool and BY_NAME[name].memory_step and getattr(cand, name) != stronger:
             moves.append(dict(knobs, **{name: stronger}))
+    from autosp.planner.search.space import chunk_overlap  # here: a plan cache hit imports this module, not the space
+
     for move in moves:  # sequence chunks take kv_async where head_pipeline was
         move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
     out = []
@@ -138,6 +139,8 @@ def _walk(space, cand, estimate):
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
+        from autosp.planner.search.space import chunk_overlap
+
         for option in options:  # sequence chunks take kv_async where head_pipeline was
             option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
         if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:

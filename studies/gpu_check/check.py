@@ -100,6 +100,22 @@ def _cuda_device():
     return props.name, float(props.total_memory)
 
 
+def _attention_kernels(timeout: float = 240.0) -> list[str]:
+    """The lines of :mod:`studies.gpu_check.attention` (which attention kernel runs), from a child process: this
+    process keeps no CUDA context."""
+    import subprocess
+
+    try:
+        out = subprocess.run([sys.executable, "-m", "studies.gpu_check.attention"], capture_output=True, text=True,
+                             timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired:
+        return [f"attention kernels: the probe did not finish in {timeout:.0f} s"]
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return [f"attention kernels: the probe failed (exit {out.returncode}): {last}"]
+    return out.stdout.strip().splitlines()
+
+
 def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     """Run the check; returns the exit status (0: every row that ran is ok, 1: some row failed)."""
     from autosp.cost_models.catalog.hardware import resolve_hardware
@@ -140,6 +156,14 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     say(title)
     if dry_run:
         say("(dry run: tiny sizes test the code path end to end; its ratios say nothing about a GPU)")
+    if dry_run:  # no CUDA here: nothing to select, and no CUDA context to keep out of this process
+        from studies.gpu_check.attention import probe_lines
+
+        attention_lines = probe_lines()
+    else:
+        attention_lines = _attention_kernels()
+    for line in attention_lines:
+        say(line)
     for s in skipped:
         say(f"skip {s['name']} (S={s['seq_len']}): {s['reason']}")
     missing = rows_mod.missing_knobs([r for r, _ in runnable])
@@ -156,7 +180,8 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
                "backend": backend, "time_budget": opts.time_budget, "warmup": opts.warmup, "steps": opts.steps,
                "skipped": skipped, "knobs_not_exercised": missing,
                "knobs_exercised": {k: sorted(map(str, v)) for k, v in rows_mod.exercised(r for r, _ in runnable).items()},
-               "not_at_sp1": rows_mod.NOT_AT_SP1, "rows": entries, "harness_rows": []}
+               "not_at_sp1": rows_mod.NOT_AT_SP1, "attention_kernels": attention_lines, "rows": entries,
+               "harness_rows": []}
 
     def write(final: bool = False) -> None:
         summary["elapsed_seconds"] = time.time() - t0

@@ -130,6 +130,7 @@ def test_dry_run_measures_and_predicts_every_row(tmp_path):
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     table = (tmp_path / "gpu_check.txt").read_text()
     assert result["mode"] == "dry-run" and result["complete"] and result["knobs_not_exercised"] == {}
+    assert result["attention_kernels"][0].startswith("attention kernels: no CUDA device") and "attention kernels" in run.stdout
     assert [e["name"] for e in result["rows"]] == [r.name for r in rows.ROWS]
     for spec, e, harness_row in zip(rows.ROWS, result["rows"], result["harness_rows"]):
         assert e["status"] == "ok", e

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from autosp.profiling.graph.model_arg import describe_model_arg
 from autosp.cost_models.profile import PROFILE_SCHEMA, ModelProfile
-from autosp.files import make_cache_dirs
+from autosp.files import cache_subdir, make_cache_dirs
 
 __all__ = ["ModelProfile", "cache_dir", "describe_model_arg", "fingerprint", "load_or_build", "preset_config"]
 
@@ -35,11 +35,7 @@ _HERE = Path(__file__).resolve().parent
 
 
 def cache_dir() -> Path:
-    override = os.environ.get("AUTOSP_CACHE_DIR")
-    if override:
-        return Path(override).expanduser() / "profiles"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autosp" / "profiles"
+    return cache_subdir("profiles")
 
 
 def _module_file(module: str) -> Path | None:
