@@ -172,6 +172,20 @@ def _loaded_eval_loss(path) -> float:
     return total / count
 
 
+def _first_step_loss() -> float:
+    """The first optimizer step's objective computed directly: its 4 sequences (2 per micro-batch x gradient
+    accumulation 2, in order), every target token's loss summed once over the targets of the whole step."""
+    model = tiny_llama()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in examples(20, 1)[:4]:
+            ids = torch.tensor([row["input_ids"]])
+            logits = model(input_ids=ids).logits[0, :-1]
+            total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+            count += ids.shape[1] - 1
+    return total / count
+
+
 def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     import transformers
     import trl
@@ -186,4 +200,11 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     ref = run_trainer(transformers.Trainer, str(tmp_path / "ref"))
     got = sp["trainer"]
     assert len(got["losses"]) == 5 and _close(got["losses"], ref["losses"]), (got["losses"], ref["losses"])
+    # the logged loss is the step's true token-weighted mean, each token counted once
+    assert abs(got["losses"][0] - _first_step_loss()) <= TOL * got["losses"][0], (got["losses"][0], _first_step_loss())
+    assert got["tokens"] == ref["tokens"]
+    assert _close(got["eval"], ref["eval"]), (got["eval"], ref["eval"])
     assert _worst(got["weights"], ref["weights"])[0] <= TOL
+    # the checkpoint the SP trainer saved loads with from_pretrained and gives the trained model's loss
+    loaded = _loaded_eval_loss(str(tmp_path / "sp" / "trainer" / "checkpoint-5"))
+    assert abs(loaded - got["eval"][1]) <= TOL * got["eval"][1], (loaded, got["eval"][1])
