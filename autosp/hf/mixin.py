@@ -25,6 +25,8 @@ What the Trainer is told:
 
 from __future__ import annotations
 
+import dataclasses
+
 from autosp.errors import UsageError
 
 # batch keys the SP runtime takes; the others are derived from position_ids (TRL's and transformers'
@@ -73,12 +75,24 @@ class SPTrainerMixin:
 
         zero = planning.trainer_zero(targs)
         planning.check_agreement(c, targs, zero, self._sp_dtype)
+        changes = {}
         if zero is None and (c.zero_stage > 0 or c.offload_optimizer):
-            import dataclasses
-
             n_params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
-            config = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params, torch.cuda.is_available())
-            targs = dataclasses.replace(targs, deepspeed=config)
+            changes["deepspeed"] = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params,
+                                                           torch.cuda.is_available())
+        # transformers >= 5 spells it activation_checkpointing (gradient_checkpointing its deprecated alias)
+        flags = [f.name for f in dataclasses.fields(targs)
+                 if f.name in ("activation_checkpointing", "gradient_checkpointing")]
+        if any(getattr(targs, name) for name in flags):
+            # The plan owns activation checkpointing: autosp's passes recompute inside the SP graph they build
+            # (compiler/passes), while Hugging Face's checkpoint wrappers would hide each layer's attention from
+            # them (TRL's SFTConfig turns gradient_checkpointing on by default). A hand-made plan recomputes
+            # whole layers, as the Trainer's option asked; a planned one keeps the policy it was priced with.
+            changes.update(dict.fromkeys(flags, False))
+            if plan is None and sp_size is not None and c.checkpointing == "none":
+                self._sp_candidate = c = dataclasses.replace(c, checkpointing="full")
+        if changes:
+            targs = dataclasses.replace(targs, **changes)
             if args and len(args) > 1:
                 args = (args[0], targs, *args[2:])
             else:
