@@ -120,14 +120,14 @@ def deepspeed_json(plan) -> dict:
 def accelerate_config(plan, deepspeed_file: str) -> dict:
     """The Accelerate config (``accelerate launch --config_file``) that runs ``plan`` with ALST: DeepSpeed
     with the config in ``deepspeed_file`` and ``parallelism_config`` with the plan's SP size."""
-    c, w = plan.candidate, plan.workload
+    c = plan.candidate
+    # no mixed_precision key: with deepspeed_config_file Accelerate refuses one (the precision is the JSON's)
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
         "num_machines": plan.hardware.nodes,
         "num_processes": c.dp * c.sp,
         "machine_rank": 0,
-        "mixed_precision": "bf16" if w.dtype == "bf16" else "no",
         "deepspeed_config": {"deepspeed_config_file": deepspeed_file},
         "parallelism_config": {
             "parallelism_config_dp_shard_size": c.dp,
