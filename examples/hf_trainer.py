@@ -23,7 +23,8 @@ def main() -> None:
     # documents of uneven lengths (autosp pads each batch to a multiple of the SP degree itself)
     texts = [words(gen, int(torch.randint(args.seq // 2, args.seq, (1,), generator=gen)), model.config.vocab_size)
              for _ in range(8 * args.steps)]
-    train = [{"input_ids": ids, "labels": list(ids)} for ids in tok(texts, truncation=True, max_length=args.seq)["input_ids"]]
+    encoded = tok(texts, truncation=True, max_length=args.seq)["input_ids"]
+    train = [{"input_ids": ids, "labels": list(ids)} for ids in encoded]
 
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
