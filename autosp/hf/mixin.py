@@ -19,10 +19,13 @@ What the Trainer is told:
   convention (``num_items_in_batch``: tokens of the whole accumulated step, counted once, not once per rank), so
   the logged ``loss`` is the step's true token-weighted mean and gradient accumulation is token-weighted as in
   transformers >= 4.46.
-- evaluation returns the loss only (no logits: under SP each rank holds a shard of them).
+- evaluation returns the loss only (no logits: under SP each rank holds a shard of them), not gathered across
+  ranks (each holds the same global value) and weighted by the batch's rows (:meth:`_sp_gather_loss`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from autosp.errors import UsageError
 
@@ -72,12 +75,24 @@ class SPTrainerMixin:
 
         zero = planning.trainer_zero(targs)
         planning.check_agreement(c, targs, zero, self._sp_dtype)
+        changes = {}
         if zero is None and (c.zero_stage > 0 or c.offload_optimizer):
-            import dataclasses
-
             n_params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
-            config = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params, torch.cuda.is_available())
-            targs = dataclasses.replace(targs, deepspeed=config)
+            changes["deepspeed"] = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params,
+                                                           torch.cuda.is_available())
+        # transformers >= 5 spells it activation_checkpointing (gradient_checkpointing its deprecated alias)
+        flags = [f.name for f in dataclasses.fields(targs)
+                 if f.name in ("activation_checkpointing", "gradient_checkpointing")]
+        if any(getattr(targs, name) for name in flags):
+            # The plan owns activation checkpointing: autosp's passes recompute inside the SP graph they build
+            # (compiler/passes), while Hugging Face's checkpoint wrappers would hide each layer's attention from
+            # them (TRL's SFTConfig turns gradient_checkpointing on by default). A hand-made plan recomputes
+            # whole layers, as the Trainer's option asked; a planned one keeps the policy it was priced with.
+            changes.update(dict.fromkeys(flags, False))
+            if plan is None and sp_size is not None and c.checkpointing == "none":
+                self._sp_candidate = c = dataclasses.replace(c, checkpointing="full")
+        if changes:
+            targs = dataclasses.replace(targs, **changes)
             if args and len(args) > 1:
                 args = (args[0], targs, *args[2:])
             else:
@@ -255,7 +270,16 @@ class SPTrainerMixin:
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
             loss = self._sp_loss(model, inputs)
+        self._sp_eval_rows = int(inputs["input_ids"].shape[0])
         return loss.detach(), None, None
+
+    def _sp_gather_loss(self, losses):
+        """The evaluation loop's gather of ``loss.repeat(eval_batch_size)``: every rank holds the same global
+        loss of the same whole batch, so nothing is gathered (Accelerate's gather would count it once per
+        rank, and without a prepared dataloader it cannot drop the last batch's repeats past the data), and
+        the loss is weighted by the batch's rows: eval_loss is the example-weighted mean of each batch's token
+        mean, as the one-process Trainer computes it."""
+        return losses[:1].repeat(self._sp_eval_rows)
 
     def evaluation_loop(self, *args, **kwargs):
         if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled and self.deepspeed is None:
@@ -264,6 +288,7 @@ class SPTrainerMixin:
             raise UsageError("evaluation before training is not supported under ZeRO-3 (DeepSpeed's inference "
                              "engine leaves the later training engine without its parameter hooks); evaluate "
                              "after train() or with eval_strategy, or re-plan with --fix zero_stage=2")
+        self.gather_function = self._sp_gather_loss  # the loop resets it to gather_for_metrics at its end
         try:
             return super().evaluation_loop(*args, **kwargs)
         finally:

@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the plan JSON (docs/plan-schema.md) and nothing else")
     out.add_argument("--plan-out", metavar="PATH", help="write the plan JSON to PATH (autosp.compile reads it)")
     out.add_argument("--ds-config", metavar="PATH", help="write the DeepSpeed config JSON to PATH")
+    alst = p.add_argument_group("ALST (DeepSpeed Ulysses inside Hugging Face Accelerate; planner/alst.py)")
+    alst.add_argument("--backend", choices=("autosp", "alst"), default="autosp",
+                      help="alst: the best plan ALST can run (Ulysses only, SP dividing the heads, no autosp-only "
+                           "knobs), and what autosp's own plan gains over it")
+    alst.add_argument("--accelerate-config", metavar="PATH", help="with --backend alst: write the Accelerate "
+                                                                   "config (and PATH's .deepspeed.json) to PATH")
+    alst.add_argument("--sft-args", metavar="PATH", nargs="?", const="-",
+                      help="with --backend alst: the matching TRL SFTConfig arguments, printed or written to PATH")
     out.add_argument("--list-models", action="store_true", help="list the model presets and exit")
     out.add_argument("--list-hardware", action="store_true", help="list the hardware catalog and exit")
     return p
@@ -257,8 +265,13 @@ def main(argv=None) -> int:
                                  backend=args.measure_backend, launcher=args.measure_launcher,
                                  timeout_s=args.measure_timeout, keep_dir=args.measure_dir)
     request = PlanRequest(**request_fields(args))
-    plan = plan_for(request, RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
-                                        study_name=args.study_name, worker=args.worker_id, measure=measure))
+    options = RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
+                         study_name=args.study_name, worker=args.worker_id, measure=measure)
+    if args.backend == "alst" or args.accelerate_config is not None or args.sft_args is not None:
+        from autosp.planner.alst import main_alst
+
+        return main_alst(args, request, plan_for, options)
+    plan = plan_for(request, options)
 
     from autosp.planner.ds_config import write_outputs
 

@@ -1,9 +1,14 @@
 """autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
 
-One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config): autosp.hf.Trainer, SP=2 (DDP
-underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd lengths with right padding, an
-evaluate() before training (which must not leave the model without DDP): every logged loss and the final
-weights. The SFT / LoRA runs below are helpers for the cases still being brought up (docs/hf-trainers.md).
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), four cases against one process:
+
+- autosp.hf.Trainer, SP=2 (DDP underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd
+  lengths with right padding: every logged loss (the first also against the step's objective computed
+  directly: tokens counted once), evaluate() before and after training (the one before must not leave the
+  model without DDP), the final weights, and the saved checkpoint loaded with from_pretrained;
+- autosp.hf.SFTTrainer, packing=True / padding-free: the logged losses, and no attention across documents;
+- PEFT LoRA through autosp.hf.Trainer and through autosp.compile (ZeRO 0): adapter gradients and weights,
+  base weights untouched. (ZeRO-3 with frozen base weights: open, docs/hf-trainers.md.)
 """
 
 from __future__ import annotations
@@ -80,12 +85,28 @@ def run_sft(trainer_cls, out, **sp):
 
     rec = _Recorder()
     args = _training_args(SFTConfig, out, per_device_train_batch_size=1, gradient_accumulation_steps=1,
-                          max_steps=3, packing=True, padding_free=True, max_length=40)
+                          max_steps=3, packing=True, padding_free=True, max_length=40, bf16=False)
     trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=_chat_dataset(), processing_class=tokenizer(),
                           callbacks=[rec], **sp)
     assert trainer.args.padding_free
+    first = next(iter(trainer.get_train_dataloader()))
     trainer.train()
-    return {"losses": rec.losses}
+    return {"losses": rec.losses, "first": {k: first[k].clone() for k in ("input_ids", "position_ids", "labels")}}
+
+
+def _per_document_loss(batch) -> float:
+    """A packed batch's token-mean loss with every document run through the model on its own: what
+    attention restricted to documents must give."""
+    model = tiny_llama()
+    starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for a, b in zip(starts[:-1], starts[1:]):
+            logits = model(input_ids=batch["input_ids"][:, a:b]).logits[0, :-1]
+            labels = batch["labels"][0, a + 1:b]
+            total += torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum").item()
+            count += int((labels != -100).sum())
+    return total / count
 
 
 def lora_model():
@@ -133,11 +154,12 @@ def _sp_case(name, out):
         return result
     if name == "sft":
         return run_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
-    if name == "lora_trainer":
+    if name.startswith("lora_trainer"):  # lora_trainer0 / lora_trainer3: the ZeRO stage
         return run_lora_trainer(autosp.hf.Trainer, out,
-                                plan=Candidate(sp=2, zero_stage=3, micro_batch=2, grad_accum=2), **common)
+                                plan=Candidate(sp=2, zero_stage=int(name[-1]), micro_batch=2, grad_accum=2),
+                                **common)
     stage = int(name[-1])
-    result = sp_run(lora_model(), lora_batches(), _sgd, sp_size=2, zero_stage=stage, backend="aot_eager",
+    result = sp_run(lora_model(), lora_batches(), _sgd, sp_size=2, zero_stage=stage, micro_batch=2, backend="aot_eager",
                     gradient_clipping=0)
     return {k: result[k] for k in ("losses", "grads", "weights")}
 
@@ -172,13 +194,27 @@ def _loaded_eval_loss(path) -> float:
     return total / count
 
 
+def _first_step_loss() -> float:
+    """The first optimizer step's objective computed directly: its 4 sequences (2 per micro-batch x gradient
+    accumulation 2, in order), every target token's loss summed once over the targets of the whole step."""
+    model = tiny_llama()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in examples(20, 1)[:4]:
+            ids = torch.tensor([row["input_ids"]])
+            logits = model(input_ids=ids).logits[0, :-1]
+            total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+            count += ids.shape[1] - 1
+    return total / count
+
+
 def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     import transformers
     import trl
 
     from autosp.compiler.testing import reference_run
 
-    names = ["trainer"]
+    names = ["trainer", "sft", "lora_trainer0", "lora_compile0"]
     sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
     for name in names:
         assert "crash" not in sp[name], sp[name].get("crash")
@@ -186,4 +222,34 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     ref = run_trainer(transformers.Trainer, str(tmp_path / "ref"))
     got = sp["trainer"]
     assert len(got["losses"]) == 5 and _close(got["losses"], ref["losses"]), (got["losses"], ref["losses"])
+    # the logged loss is the step's true token-weighted mean, each token counted once
+    assert abs(got["losses"][0] - _first_step_loss()) <= TOL * got["losses"][0], (got["losses"][0], _first_step_loss())
+    assert got["tokens"] == ref["tokens"]
+    assert _close(got["eval"], ref["eval"]), (got["eval"], ref["eval"])
     assert _worst(got["weights"], ref["weights"])[0] <= TOL
+    # the checkpoint the SP trainer saved loads with from_pretrained and gives the trained model's loss
+    loaded = _loaded_eval_loss(str(tmp_path / "sp" / "trainer" / "checkpoint-5"))
+    assert abs(loaded - got["eval"][1]) <= TOL * got["eval"][1], (loaded, got["eval"][1])
+
+    # TRL's SFTTrainer, packed and padding-free: the logged losses, and documents never attend across
+    # their boundaries (the first step's loss is that of every document run on its own)
+    ref_sft = run_sft(trl.SFTTrainer, str(tmp_path / "ref_sft"))
+    assert len(sp["sft"]["losses"]) == 3 and _close(sp["sft"]["losses"], ref_sft["losses"]), \
+        (sp["sft"]["losses"], ref_sft["losses"])
+    alone = _per_document_loss(ref_sft["first"])
+    assert abs(sp["sft"]["losses"][0] - alone) <= TOL * alone, (sp["sft"]["losses"][0], alone)
+
+    # PEFT LoRA, through the Trainer and through autosp.compile: only the adapters train, exactly
+    base = {n: p.detach().clone() for n, p in lora_model().named_parameters() if "lora_" not in n}
+    ref_lora = run_lora_trainer(transformers.Trainer, str(tmp_path / "ref_lora"))
+    got = sp["lora_trainer0"]
+    assert _worst(got["weights"], ref_lora["weights"], only="lora_")[0] <= TOL
+    assert all(torch.equal(got["weights"][n], w) for n, w in base.items())
+    ref_compile = reference_run(lora_model(), lora_batches(), _sgd, gradient_clipping=0)
+    got = sp["lora_compile0"]
+    trained = sorted(n for n, g in got["grads"].items() if g is not None)
+    assert trained == sorted(ref_compile["grads"]) and all("lora_" in n for n in trained)
+    assert _worst(got["grads"], ref_compile["grads"])[0] <= TOL
+    assert _worst(got["weights"], ref_compile["weights"], only="lora_")[0] <= TOL
+    assert all(torch.equal(got["weights"][n], w) for n, w in base.items())
+    assert _close(got["losses"], ref_compile["losses"])
