@@ -37,12 +37,8 @@ _ROW_ORDER = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing
 
 
 def supported(space) -> bool:
-    """Whether the bulk model prices this space: not a mixture-of-experts model (its ``ep`` axis and expert
-    terms are the scalar model's only) nor a soft-capped one (Gemma 2's kernel factors), and not degenerate
-    hardware; the other spaces take the scalar search."""
-    model = space.model
-    if model.n_experts or model.attn_logit_softcap or model.final_logit_softcap:
-        return False
+    """Whether the bulk model prices this space: every model (mixture-of-experts ones with their ``ep`` axis, one
+    shape group per ep) on hardware that is not degenerate; the other spaces take the scalar search."""
     return bulk.supported(space.hardware) is None
 
 
@@ -71,7 +67,7 @@ def space_groups(space):
         keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
         keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
         keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
-        for micro, seq in itertools.product(per["micro_batch"], per["sequence_chunks"]):
+        for micro, seq, ep in itertools.product(per["micro_batch"], per["sequence_chunks"], per["ep"]):
             mask = keep.copy()
             if seq == 1:
                 mask &= ~rows["offload_chunks"]                     # chunk offload needs sequence chunks
@@ -80,12 +76,13 @@ def space_groups(space):
             if not mask.any():
                 continue
             base = space.make(sp=sp, ring=ring, zero_stage=0, micro_batch=micro, checkpointing="none", mlp_chunks=1,
-                              loss_chunks=1, offload_activations=False, overlap="none", sequence_chunks=seq)
+                              loss_chunks=1, offload_activations=False, overlap="none", sequence_chunks=seq, ep=ep)
             yield base, {k: v[mask] for k, v in rows.items()}
 
 
 def _candidate(space, base, rows: dict, i: int):
     return space.make(sp=base.sp, ring=base.ring, micro_batch=base.micro_batch, sequence_chunks=base.sequence_chunks,
+                      ep=base.ep,
                       zero_stage=int(rows["zero_stage"][i]), offload_optimizer=bool(rows["offload_optimizer"][i]),
                       offload_param=bool(rows["offload_param"][i]),
                       checkpointing=CHECKPOINTING_POLICIES[int(rows["checkpointing"][i])],
@@ -97,7 +94,7 @@ def _candidate(space, base, rows: dict, i: int):
 
 def score_space(space):
     """Every candidate of ``space`` priced in bulk: (groups, per-row arrays). ``groups`` is [(base, rows)];
-    the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ZeRO,
+    the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ep, ZeRO,
     checkpointing)), ``tps``, ``memory``, ``fits`` and ``simplicity`` (the fields of
     :func:`~autosp.planner.evaluator.simplicity`, one array each)."""
     groups, parts = [], []
@@ -106,7 +103,7 @@ def score_space(space):
         out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
         g = len(groups)
         groups.append((base, rows))
-        layout = layouts.setdefault((base.sp, base.ring), len(layouts))
+        layout = layouts.setdefault((base.sp, base.ring, base.ep), len(layouts))
         family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
         k = len(family)
         simple = (rows["offload_param"], rows["offload_optimizer"], rows["offload_chunks"], rows["offload_activations"],
