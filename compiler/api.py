@@ -198,6 +198,9 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
             pad_token_id = 0
     windows = windows or []
     router_key = ""
+    from autosp.compiler.softcapping import use_capped_attention
+
+    use_capped_attention(module)  # Gemma 2: its soft-capped eager attention as one op the passes shard
     if moe:
         from autosp.compiler.router_loss import patch_router_loss
 
@@ -301,11 +304,10 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
-    from autosp.compiler.windows import layer_windows, refuse_softcapping
+    from autosp.compiler.windows import layer_windows
     from autosp.cost_models.architectures import check_config
 
     check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
-    refuse_softcapping(getattr(model, "config", None))
     windows = layer_windows(getattr(model, "config", None))
 
     import deepspeed

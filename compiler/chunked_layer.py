@@ -95,6 +95,7 @@ class LayerProgram:
     local_len: int = 0
     rule: str = ""              # the engine whose packed documents restrict attention ("" for none)
     window: int = 0             # the layer's sliding window in tokens (0 for none)
+    softcap: float = 0.0        # the layer's attention logit soft-cap (Gemma 2; 0 for none)
     stats: dict = field(default_factory=dict)
 
     def documents(self, batch: int):
@@ -232,11 +233,12 @@ class _ForwardState:
 
 def _attend_block(p, pg, q, k, v, q_spans, k_spans, acc) -> None:
     if pg is None:  # the pieces of each row's documents and window (one causal sequence when there are none)
-        rows_forward(q, k, v, q_spans[0], k_spans[0], p.scale, p.documents(q.shape[0]), p.window, acc)
+        rows_forward(q, k, v, q_spans[0], k_spans[0], p.scale, p.documents(q.shape[0]), p.window, acc, p.softcap)
     else:
         from autosp.compiler.attention.ring import ring_block_forward
 
-        ring_block_forward(q, k, v, p.scale, pg, q_spans, k_spans, acc, p.documents(q.shape[0]), p.window)
+        ring_block_forward(q, k, v, p.scale, pg, q_spans, k_spans, acc, p.documents(q.shape[0]), p.window,
+                           p.softcap)
 
 
 class _BackwardState:
@@ -287,12 +289,12 @@ class _BackwardState:
                 dk = torch.zeros(kj.shape, dtype=torch.float32, device=kj.device)
                 dv = torch.zeros(vj.shape, dtype=torch.float32, device=vj.device)
                 rows_backward(dout, q, kj, vj, self.out, self.lse, q_spans[0], p.spans(j)[0], p.scale,
-                              p.documents(q.shape[0]), p.window, (dq, dk, dv))
+                              p.documents(q.shape[0]), p.window, (dq, dk, dv), p.softcap)
             else:
                 from autosp.compiler.attention.ring import ring_block_backward
 
                 dk, dv = ring_block_backward(dout, q, kj, vj, self.out, self.lse, p.scale, self.pg, q_spans,
-                                             p.spans(j), dq, p.documents(q.shape[0]), p.window)
+                                             p.spans(j), dq, p.documents(q.shape[0]), p.window, p.softcap)
             if j == i:
                 dk_i, dv_i = dk, dv
             else:

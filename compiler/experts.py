@@ -119,50 +119,67 @@ def _forward(hidden, top_k_index, top_k_weights, gate_up, down, group: str, act:
     return torch.zeros_like(hidden).index_add(0, token, weighted)
 
 
+def _token_chunks(chunks: int, *tensors):
+    """The tokens in ``chunks`` pieces (plan knob ``mlp_chunks``: the MLP tiling pass sets it on this op, which
+    then dispatches, computes and combines one piece at a time; every rank holds as many tokens, so every rank
+    runs as many exchanges). Pieces may be empty: the exchanges then carry no rows."""
+    return zip(*(torch.tensor_split(t, max(1, chunks)) for t in tensors))
+
+
 @torch.library.custom_op("autosp_ops::moe_experts", mutates_args=())
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor, group: str, act: str) -> torch.Tensor:
-    """The experts' weighted output for every token ([T, H]); ``group``: the EP group's name ('' = no EP)."""
+                down: torch.Tensor, group: str, act: str, chunks: int = 1) -> torch.Tensor:
+    """The experts' weighted output for every token ([T, H]); ``group``: the EP group's name ('' = no EP);
+    ``chunks``: token pieces run one after the other (the expert intermediates of one piece at a time)."""
     with torch.no_grad():
-        return _forward(hidden, top_k_index, top_k_weights, gate_up, down, group, act)
+        return torch.cat([_forward(h, i, w, gate_up, down, group, act)
+                          for h, i, w in _token_chunks(chunks, hidden, top_k_index, top_k_weights)])
 
 
 @moe_experts.register_fake
-def _moe_experts_fake(hidden, top_k_index, top_k_weights, gate_up, down, group, act):
+def _moe_experts_fake(hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1):
     return torch.empty_like(hidden)
 
 
 @torch.library.custom_op("autosp_ops::moe_experts_backward", mutates_args=())
 def moe_experts_backward(grad: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
                          top_k_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, group: str,
-                         act: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                         act: str, chunks: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`moe_experts` for hidden, top_k_weights, gate_up and down: the forward recomputed
-    under autograd (its exchanges included) and differentiated."""
+    under autograd (its exchanges included) and differentiated, one token piece at a time (the expert weights'
+    gradients summed over the pieces)."""
     from autosp.compiler.chunked_layer import _autograd_inside_op
 
-    leaves = [t.detach().requires_grad_(True) for t in (hidden, top_k_weights, gate_up, down)]
-    with _autograd_inside_op():
-        out = _forward(leaves[0], top_k_index, leaves[1], leaves[2], leaves[3], group, act)
-        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
-    return tuple(torch.zeros_like(leaf) if g is None else g.contiguous() for g, leaf in zip(grads, leaves))
+    d_hidden, d_weights, d_gate_up, d_down = [], [], torch.zeros_like(gate_up), torch.zeros_like(down)
+    for h, i, w, g in _token_chunks(chunks, hidden, top_k_index, top_k_weights, grad):
+        leaves = [t.detach().requires_grad_(True) for t in (h, w, gate_up, down)]
+        with _autograd_inside_op():
+            out = _forward(leaves[0], i, leaves[1], leaves[2], leaves[3], group, act)
+            grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
+        grads = [torch.zeros_like(leaf) if gr is None else gr for gr, leaf in zip(grads, leaves)]
+        d_hidden.append(grads[0])
+        d_weights.append(grads[1])
+        d_gate_up += grads[2]
+        d_down += grads[3]
+    return torch.cat(d_hidden).contiguous(), torch.cat(d_weights).contiguous(), d_gate_up, d_down
 
 
 @moe_experts_backward.register_fake
-def _moe_experts_backward_fake(grad, hidden, top_k_index, top_k_weights, gate_up, down, group, act):
+def _moe_experts_backward_fake(grad, hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1):
     return (torch.empty_like(hidden), torch.empty_like(top_k_weights), torch.empty_like(gate_up),
             torch.empty_like(down))
 
 
 def _setup(ctx, inputs, output):
-    hidden, top_k_index, top_k_weights, gate_up, down, ctx.group, ctx.act = inputs
+    hidden, top_k_index, top_k_weights, gate_up, down, ctx.group, ctx.act, ctx.chunks = inputs
     ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up, down)
 
 
 def _backward(ctx, grad):
     hidden, top_k_index, top_k_weights, gate_up, down = ctx.saved_tensors
     dh, dw, dgu, dd = moe_experts_backward(grad.contiguous(), hidden, top_k_index, top_k_weights, gate_up, down,
-                                           ctx.group, ctx.act)
-    return dh, None, dw, dgu, dd, None, None
+                                           ctx.group, ctx.act, ctx.chunks)
+    return dh, None, dw, dgu, dd, None, None, None
 
 
 moe_experts.register_autograd(_backward, setup_context=_setup)

@@ -175,7 +175,8 @@ def hf_model_class(facts: ModelFacts):
     except KeyError:
         raise UsageError(f"{facts.hf_path} ({model_type}) is not a causal language model transformers can "
                          "build (AutoModelForCausalLM); autosp trains decoder-only causal LMs") from None
-    if not getattr(cls, "_supports_sdpa", False):
+    # Gemma 2 has no SDPA path (soft-capping); autosp runs its capped attention itself (compiler/softcapping.py)
+    if not getattr(cls, "_supports_sdpa", False) and not getattr(hf_config, "attn_logit_softcapping", None):
         raise UsageError(f"{cls.__name__} ({facts.hf_path}) cannot run its attention through "
                          f"torch.nn.functional.scaled_dot_product_attention in transformers "
                          f"{transformers.__version__}, and that is where autosp shards attention; autosp-train "

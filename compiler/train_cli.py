@@ -148,12 +148,15 @@ def _build_model(args, facts, torch):
             config.head_dim = spec.head_dim
         if args.checkpoint and os.path.isdir(args.checkpoint) and not args.warm_start:
             try:
-                model = transformers.AutoModelForCausalLM.from_pretrained(args.checkpoint, config=config,
-                                                                          attn_implementation="sdpa")
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    args.checkpoint, config=config,
+                    attn_implementation="eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa")
             except (OSError, ValueError, RuntimeError) as err:
                 raise UsageError(f"cannot load the checkpoint {args.checkpoint}: {str(err).splitlines()[0][:200]}") from None
         else:
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            # soft-capped Gemma 2 builds with eager attention, which autosp replaces (compiler/softcapping.py)
+            attn = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
         return model, f"{config.model_type} ({facts.hf_path})", config.vocab_size
     from autosp.compiler.models import Llama
 

@@ -9,21 +9,13 @@ A sliding window of W tokens lets query i see keys i-W+1 .. i (transformers' ``s
   max_window_layers``;
 - otherwise (Mistral v0.1): ``sliding_window`` applies to every layer; None means no window.
 
-A window at least as long as the sequence changes nothing (the layer is simply global). Gemma-2/3 cap
-their attention logits (``attn_logit_softcapping``), which SDPA cannot do: refused with one line.
+A window at least as long as the sequence changes nothing (the layer is simply global). Gemma 2's attention
+logit soft-capping is not a window: compiler/softcapping.py.
 """
 
 from __future__ import annotations
 
 from autosp.errors import UsageError
-
-
-def refuse_softcapping(config) -> None:
-    cap = getattr(config, "attn_logit_softcapping", None)
-    if cap:
-        name = getattr(config, "model_type", None) or type(config).__name__
-        raise UsageError(f"{name} caps its attention logits (attn_logit_softcapping={cap}, Gemma-2/3 style), which "
-                         f"autosp's attention kernels do not support; use a model without logit soft-capping")
 
 
 def layer_windows(config) -> tuple | None:
@@ -50,4 +42,4 @@ def layer_windows(config) -> tuple | None:
     return windows if any(w is not None for w in windows) else None
 
 
-__all__ = ["layer_windows", "refuse_softcapping"]
+__all__ = ["layer_windows"]

@@ -25,12 +25,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from autosp.cost_models import chunks, comm, flops, memory, param_offload, ring
+from autosp.cost_models import chunks, comm, flops, memory, moe, param_offload, ring, softcap
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.knobs import BY_NAME, KNOBS
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRAM_BANDWIDTH_PER_NODE, TILE_OVERHEAD_S,
-                                          ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks)
+                                          ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks, _zero_times)
 
 FULL = CHECKPOINTING_POLICIES.index("full")
 NONE = CHECKPOINTING_POLICIES.index("none")
@@ -99,7 +99,8 @@ def _xfer(nbytes, bandwidth: float):
 def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict,
                    profile=None) -> Bulk:
     """Memory, step time and tokens/s of the candidates ``base`` with each row of ``rows`` (arrays of
-    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks.
+    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks
+    and, for a mixture of experts, ep (``sh.moe``: its expert terms, cost_models/moe.py).
     The rows must be canonical candidates (as :meth:`SearchSpace.candidates` yields them)."""
     why = supported(hw)
     if why:
@@ -129,16 +130,24 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     dtype, e, s, L, N = workload.dtype, sh.e, sh.s, sh.L, sh.N
     nd = base.sp * base.dp
     psi = sh.n_params
+    ms = sh.moe
+    dense_psi = psi - (ms.expert_params if ms else 0)  # routed experts: their own states below
     w_b, g_b, o_b = memory.state_bytes_per_param(dtype)
-    params = np.where(zero >= 3, psi * w_b / nd, psi * w_b)
-    grads = np.where(zero >= 2, psi * g_b / nd, psi * g_b)
-    optim = np.where(zero >= 1, psi * o_b / nd, psi * o_b)
+    params = np.where(zero >= 3, dense_psi * w_b / nd, dense_psi * w_b)
+    grads = np.where(zero >= 2, dense_psi * g_b / nd, dense_psi * g_b)
+    optim = np.where(zero >= 1, dense_psi * o_b / nd, dense_psi * o_b)
     optim = np.where(opt, 0.0, optim)
     grads = np.where(opt & (zero >= 2), 0.0, grads)
     gathered_elems = np.where(loss_tiled, memory.zero3_gathered_params(sh, True), memory.zero3_gathered_params(sh, False))
     gathers = (zero >= 3) & ((nd > 1) | param)
     gathered = np.where(gathers, w_b * gathered_elems, 0.0)
     params = np.where(gathers, np.where(param, gathered, params + gathered), params)
+    expert_w = expert_g = expert_o = np.zeros(n)
+    if ms is not None:  # moe.expert_state_bytes per (ZeRO stage, optimizer offload, parameter offload)
+        key = (zero * 2 + opt) * 2 + param
+        table = {(z * 2 + o) * 2 + q: moe.expert_state_bytes(ms, z, dtype, bool(o), bool(q))
+                 for z in zeros for o in (0, 1) for q in (0, 1)}
+        expert_w, expert_g, expert_o = (_pick(key, {k: v[i] for k, v in table.items()}) for i in range(3))
 
     chunked = N > 1
     recomputed = full & chunked
@@ -149,13 +158,14 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     def layer_bytes(key):
         policy, tiled = CHECKPOINTING_POLICIES[key[0]], key[1]
         attn, mlp_e = memory.layer_saved_elems(sh, policy, tiled)
-        return s * ((attn + mlp_e) * e + memory.layer_extra_bytes(sh, policy, tiled))
+        experts = 0.0 if chunked else s * moe.kept_bytes_per_token(ms, e, policy)  # router, permutation buffers
+        return s * ((attn + mlp_e) * e + memory.layer_extra_bytes(sh, policy, tiled)) + experts
 
     per_key = ckpt * 2 + mlp_tiled
     per_layer_table = {p * 2 + t: layer_bytes((p, bool(t))) for p in policies for t in (0, 1)}
     per_layer = _pick(per_key, per_layer_table)
     if chunked:
-        per_layer = np.where(recomputed, per_layer, saved_chunk)
+        per_layer = np.where(recomputed, per_layer, saved_chunk + s * moe.kept_bytes_per_token(ms, e, "none"))
     chunk_kv_acc = s * chunks.kv_elems(sh) * chunks.ACCUMULATOR_BYTES
     offloaded_chunks = off_chunks & ~recomputed
     kept = np.where(offloaded_chunks, min(chunks.CHUNK_SAVED_BUFFERS, N) * per_layer / N,
@@ -172,6 +182,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
         def phases(key):
             policy, m = CHECKPOINTING_POLICIES[key // 1024], key % 1024
             mlp_phase, mlp_fixed, attn_phase, attn_fixed = memory.layer_transient_phases(sh, policy, m)
+            mlp_fixed += moe.transient_bytes_per_token(ms, e, policy)
             return max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
 
         tkey = ckpt * 1024 + mlp
@@ -187,15 +198,16 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     loss_peak = _pick(loss, {c: v[0] for c, v in loss_tables.items()})
     logits = _pick(loss, {c: v[1] for c, v in loss_tables.items()})
     loss_phase = kept + loss_peak + a2a
-    backward_phase = grads + buffers + activations + logits
+    backward_phase = grads + expert_g + buffers + activations + logits
     in_loss = np.isfinite(activations) & (loss_phase > backward_phase)
     grads = np.where(in_loss, 0.0, grads)
+    expert_g = np.where(in_loss, 0.0, expert_g)
     activations = np.where(in_loss, kept, activations)
     logits = np.where(in_loss, loss_peak, logits)
     buffers = np.where(in_loss, a2a, buffers)
     dynamic = activations + logits + buffers + gathered
     reserve = memory.CUDA_CONTEXT_BYTES + (memory.NCCL_BYTES if nd > 1 else 0.0) + memory.FRAGMENTATION * dynamic
-    total = params + grads + optim + activations + logits + buffers + reserve
+    total = params + grads + optim + activations + logits + buffers + reserve + (expert_w + expert_g + expert_o)
 
     # ------------------------------------------------------------------ time (step_time.step_time_parts)
     acc = hw.accelerator
@@ -203,9 +215,10 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     att_rate = acc.peak_flops * hw.attention_efficiency
     mem_bw = acc.memory_bandwidth
     prof = sh.prof
-    t_mm_fwd = flops.matmul_flops_forward(sh) / mm_rate
+    t_mm_fwd = (flops.matmul_flops_forward(sh) + moe.imbalance_flops_forward(ms, sh.s)) / mm_rate  # busiest EP rank
     ring_factor = chunks.compute_factor(sh)
-    t_att_fwd = flops.attention_flops_forward(sh) / att_rate * ring_factor
+    capped_fwd, capped_bwd = softcap.attention_slowdown(model)  # Gemma 2's attention soft-capping
+    t_att_fwd = flops.attention_flops_forward(sh) / att_rate * ring_factor * capped_fwd
     pw_bwd = prof.pw_bwd_factor
 
     def recompute_key(c, m, l):
@@ -220,10 +233,12 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
                                loss_chunks=2 if l else 1)
                 mm_re, att_re = flops.recompute_flops(sh, proxy)
                 pw_base, pw_re = flops.pointwise_bytes(sh, proxy)
-                re_table[recompute_key(p, m, l)] = mm_re / mm_rate + att_re / att_rate * ring_factor + pw_re / mem_bw
+                re_table[recompute_key(p, m, l)] = (mm_re / mm_rate + att_re / att_rate * ring_factor * capped_fwd
+                                                    + pw_re / mem_bw)
     t_pw = pw_base / mem_bw
     t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
-    t_bwd = prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd + pw_bwd * t_pw / (1.0 + pw_bwd)
+    t_bwd = (prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd * capped_bwd / capped_fwd
+             + pw_bwd * t_pw / (1.0 + pw_bwd))
     t_recompute = _pick(re_key, re_table)
     t_recompute = t_recompute + np.where(mlp_tiled, TILE_OVERHEAD_S * mlp * L * np.where(full, 3, 2), 0.0)
     t_recompute = t_recompute + np.where(loss_tiled, TILE_OVERHEAD_S * loss * 2, 0.0)
@@ -234,7 +249,8 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     if chunked:
         t_recompute = t_recompute + TILE_OVERHEAD_S * N * L * (2 + forwards)
     t_micro = t_fwd + t_bwd + t_recompute
-    local_params = np.where((zero >= 1) | opt, psi / nd, psi)
+    # without ZeRO a rank steps only its E / ep experts (moe.optimizer_params; the same count from stage 1 on)
+    local_params = np.where((zero >= 1) | opt, psi / nd, moe.optimizer_params(ms, psi, 0))
     opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
     link = hw.host_bandwidth * hw.comm_efficiency
     shard_copy = comm._xfer(psi / nd * e, link)
@@ -305,8 +321,15 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     offload_micro = offload_micro + np.where(act_offload, L * (np.maximum(0.0, t_copy - t_fwd_layer)
                                                                + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
 
-    # ZeRO
-    zero_tables = {z: comm.zero_times(hw, _proxy(base, zero_stage=z), psi, e) for z in zeros}
+    # mixture of experts: dispatch and combine all-to-alls per (policy, MLP tiles)
+    expert_micro = np.zeros(n)
+    if ms is not None and ms.ep > 1:
+        expert_table = {p * 1024 + m: comm.expert_all_to_all_time(hw, ms, sh.s, e, forwards_table[p][0], m)
+                        for p in policies for m in mlp_values}
+        expert_micro = _pick(ckpt * 1024 + mlp, expert_table)
+
+    # ZeRO (a mixture of experts' routed experts over their own group: step_time._zero_times)
+    zero_tables = {z: _zero_times(hw, _proxy(base, zero_stage=z), sh, psi) for z in zeros}
     z_step, z_fwd, z_bwd, z_exposed = (_pick(zero, {z: v[i] for z, v in zero_tables.items()}) for i in range(4))
     ga = base.grad_accum
     zero_exposed = z_exposed + np.where((z_fwd != 0) | (z_bwd != 0),
@@ -316,7 +339,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     zero_exposed = zero_exposed + np.where(zero == 3, ga * z_fwd / L, 0.0)
 
     compute = ga * t_micro + t_optimizer
-    exposed = ga * exposed_attention_micro + zero_exposed
+    exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
     offload = ga * (offload_micro + param_exposed) + optimizer_offload
     step = compute + exposed + offload
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp

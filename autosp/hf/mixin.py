@@ -155,7 +155,7 @@ class SPTrainerMixin:
         from autosp.compiler.api import attach_sp
         from autosp.compiler.groups import make_layout
         from autosp.compiler.runtime import SPEngine
-        from autosp.compiler.windows import layer_windows, refuse_softcapping
+        from autosp.compiler.windows import layer_windows
 
         if not dist.is_initialized():
             raise UsageError("autosp.hf needs torch.distributed: launch with torchrun, accelerate launch or deepspeed")
@@ -164,7 +164,6 @@ class SPTrainerMixin:
         torch._dynamo.config.optimize_ddp = False
         c = self._sp_candidate
         model = innermost(self.model)
-        refuse_softcapping(getattr(model, "config", None))
         windows = layer_windows(getattr(model, "config", None))
         self._sp_layout = make_layout(c)
         ctx, pad = attach_sp(model, c, self._sp_layout, grad_world_size=dist.get_world_size(), windows=windows,

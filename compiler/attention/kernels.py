@@ -27,11 +27,16 @@ out [B, Hq, n, d] in q's dtype, lse [B, Hq, n] float32.
   Key/value heads are repeated to Hq heads for the kernels and their gradients summed back. The dense
   (not variable-length) calls pass no cumulative sequence lengths (None: an undefined tensor, as the
   dense forwards return them) and no dropout, so the random-state arguments are unused.
+
+With ``softcap`` > 0 (Gemma 2's attention logit soft-capping) every device runs the capped kernel of
+:mod:`.capped`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from autosp.compiler.attention.capped import capped_with_lse, capped_with_lse_backward
 
 aten = torch.ops.aten
 _LSE_ALIGN = 32  # memory-efficient attention pads its log-sum-exp rows to a multiple of this
@@ -87,8 +92,11 @@ def _lse_rows(lse: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                  scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of softmax(q k^T * scale [+ causal mask]) v. ``causal`` needs n == m (aligned square)."""
+                  scale: float | None, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of softmax(q k^T * scale [+ causal mask]) v. ``causal`` needs n == m (aligned square).
+    ``softcap`` > 0: the scores are soft-capped first (:mod:`.capped`; SDPA cannot)."""
+    if softcap:
+        return capped_with_lse(q, k, v, causal, scale, softcap)
     if q.device.type == "cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, causal, scale=scale)
         return out, lse.float()
@@ -109,8 +117,10 @@ def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 def sdpa_with_lse_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, causal: bool,
-                           scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                           scale: float | None, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the piece, given the (merged) output and log-sum-exp of its query rows."""
+    if softcap:
+        return capped_with_lse_backward(dout, q, k, v, out, lse, causal, scale, softcap)
     if q.device.type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
             dout, q, k, v, out, lse.contiguous(), 0.0, causal, scale=scale)

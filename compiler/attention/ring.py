@@ -1,9 +1,10 @@
 """Ring attention over the ring process group, as custom ops with autograd.
 
-``autosp_ops::ring_attention(q, k, v, scale, group, ranges, rule="", window=0) -> (out, lse)``: causal
+``autosp_ops::ring_attention(q, k, v, scale, group, ranges, rule="", window=0, softcap=0) -> (out, lse)``: causal
 attention of this ring position's query block over the key/value blocks of every ring position; with
 ``rule`` (an engine's published packed documents, :mod:`.documents`) only within each document, with
-``window`` > 0 only over the last ``window`` tokens (:mod:`.pieces`: documents cross ring blocks freely). q [B, Hq, n, d], k and v
+``window`` > 0 only over the last ``window`` tokens (:mod:`.pieces`: documents cross ring blocks freely), with
+``softcap`` > 0 on soft-capped scores (Gemma 2, :mod:`.capped`). q [B, Hq, n, d], k and v
 [B, Hkv, n, d] (grouped-query: Hq a multiple of Hkv, any Hkv including 1); ``ranges`` the global token
 spans each ring position's block holds (:func:`~autosp.compiler.attention.layout.flat_ranges`), so the
 op knows, for every (query block, key block) pair, which pieces attend (full, causal diagonal, or
@@ -94,7 +95,7 @@ def _setup(q, k, group, ranges):
 
 
 def ring_block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, pg, q_spans,
-                       k_spans, acc, documents=None, window: int = 0) -> None:
+                       k_spans, acc, documents=None, window: int = 0, softcap: float = 0.0) -> None:
     """Merge into ``acc`` (float32 out, lse) the attention of this ring position's query block (its global spans
     ``q_spans[rank]``) over the key/value block every ring position holds (``k_spans[position]``), passing the
     k/v blocks around the ring as described above. The ring op uses q_spans = k_spans; sequence-chunked layers
@@ -108,14 +109,15 @@ def ring_block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         source = (rank - step) % size
         transfer = _Transfer(held, pg, _KV_TAG) if step + 1 < size else None  # next block, under this attention
         block_k, block_v = _unpack(held, (k, v))
-        rows_forward(q, block_k, block_v, q_spans[rank], k_spans[source], scale, documents, window, acc)
+        rows_forward(q, block_k, block_v, q_spans[rank], k_spans[source], scale, documents, window, acc, softcap)
         if transfer is not None:
             held = transfer.wait()
 
 
 def ring_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor, scale: float | None, pg, q_spans, k_spans,
-                        dq: torch.Tensor, documents=None, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                        dq: torch.Tensor, documents=None, window: int = 0,
+                        softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward of :func:`ring_block_forward`: add the query block's gradient to ``dq`` (float32) and return
     the float32 (dK, dV) of this position's own key/value block, summed over every position's queries."""
     size, rank = pg.size(), pg.rank()
@@ -131,7 +133,7 @@ def ring_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
         dk = torch.zeros_like(f32[0])
         dv = torch.zeros_like(f32[1])
         rows_backward(dout, q, block_k, block_v, out, lse, q_spans[rank], k_spans[source], scale, documents, window,
-                      (dq, dk, dv))
+                      (dq, dk, dv), softcap)
         if partial is not None:
             arrived_k, arrived_v = _unpack(partial.wait(), f32)
             dk += arrived_k
@@ -146,41 +148,42 @@ def ring_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
 
 @torch.library.custom_op("autosp_ops::ring_attention", mutates_args=())
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, group: str,
-                   ranges: list[int], rule: str = "", window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   ranges: list[int], rule: str = "", window: int = 0,
+                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
     acc = empty_accumulators(q, v.shape[-1])
-    ring_block_forward(q, k, v, scale, pg, spans, spans, acc, rule_documents(rule, q.shape[0]), window)
+    ring_block_forward(q, k, v, scale, pg, spans, spans, acc, rule_documents(rule, q.shape[0]), window, softcap)
     out, lse = acc
     return out.to(q.dtype), lse
 
 
 @ring_attention.register_fake
-def _ring_attention_fake(q, k, v, scale, group, ranges, rule="", window=0):
+def _ring_attention_fake(q, k, v, scale, group, ranges, rule="", window=0, softcap=0.0):
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("autosp_ops::ring_attention_backward", mutates_args=())
 def ring_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                             lse: torch.Tensor, scale: float | None, group: str, ranges: list[int], rule: str = "",
-                            window: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            window: int = 0, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention_backward"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     own_dk, own_dv = ring_block_backward(dout.contiguous(), q, k, v, out, lse, scale, pg, spans, spans, dq,
-                                         rule_documents(rule, q.shape[0]), window)
+                                         rule_documents(rule, q.shape[0]), window, softcap)
     # copies: the two may be views of one receive buffer, and an op's outputs must not alias each other
     return dq.to(q.dtype), own_dk.to(k.dtype, copy=True), own_dv.to(v.dtype, copy=True)
 
 
 @ring_attention_backward.register_fake
-def _ring_attention_backward_fake(dout, q, k, v, out, lse, scale, group, ranges, rule="", window=0):
+def _ring_attention_backward_fake(dout, q, k, v, out, lse, scale, group, ranges, rule="", window=0, softcap=0.0):
     # contiguous, as the real gradients are (empty_like would copy the strides of a transposed input)
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ctx.scale, ctx.group, ctx.ranges, ctx.rule, ctx.window = inputs
+    q, k, v, ctx.scale, ctx.group, ctx.ranges, ctx.rule, ctx.window, ctx.softcap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
 
@@ -188,8 +191,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = ring_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.group, list(ctx.ranges), ctx.rule,
-                                         ctx.window)
-    return dq, dk, dv, None, None, None, None, None
+                                         ctx.window, ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)

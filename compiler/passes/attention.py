@@ -11,7 +11,9 @@ k and v are the model's n_kv heads (``repeat_kv`` peeled as below) and the ring 
 attention itself. Head counts need only divide by U, so P may exceed the number of heads.
 
 Packed documents and sliding windows (``ctx.rule`` set: the engine trains packed documents or the model
-has windowed layers): after the rewrite each SDPA becomes ``autosp_ops::span_attention`` (Ulysses only;
+has windowed layers), and soft-capped attention (Gemma 2's ``autosp_ops::capped_sdpa``,
+:mod:`autosp.compiler.softcapping`: its cap rides along as the ops' ``softcap``): after the rewrite each SDPA
+becomes ``autosp_ops::span_attention`` (Ulysses only;
 the rank holds the whole sequence for its heads, so documents and windows are a local restriction) or a
 ring attention given the rule; both read the batch's documents at run time
 (:mod:`autosp.compiler.attention.documents`) and take the layer's window, read here from the model config
@@ -72,6 +74,7 @@ from autosp.compiler import ops
 from autosp.compiler.attention import local as _local_ops  # noqa: F401  (registers autosp_ops::span_attention)
 from autosp.compiler.attention import ring as _ring_ops  # noqa: F401  (registers autosp_ops::ring_attention)
 from autosp.compiler.context import SPContext
+from autosp.compiler.softcapping import softcap_of
 from autosp.compiler.passes.common import (
     SDPA,
     SDPA_ARGS,
@@ -180,11 +183,13 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     ranks = "sequence-parallel ranks" if ctx.candidate.ring == 1 else "Ulysses ranks (sp_size / ring_size)"
     ulysses = ctx.candidate.ring == 1 or p > 1
     fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
+    capped = False
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
             continue
         if ctx.rule:  # read before the rewrite: the head pipeline's new SDPA calls have no module path
             node.meta["autosp_window"] = layer_window(node, ctx, fragment_layer)
+        capped = capped or bool(softcap_of(node))
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention reached the attention pass with a mask", node)
@@ -230,7 +235,7 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     if ctx.candidate.ring > 1:
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _ring_attention(graph, node, ctx)
-    elif ctx.rule:
+    elif ctx.rule or capped:  # documents, windows, or soft-capped scores (which SDPA cannot compute)
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _span_attention(graph, node, ctx)
     graph.eliminate_dead_code()
@@ -244,8 +249,8 @@ def _span_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
         fail("attention dropout is not supported with packed documents or sliding windows: set the model's "
              "attention dropout to 0", node)
     with graph.inserting_before(node):
-        span = graph.call_function(SPAN, (args["query"], args["key"], args["value"], args["scale"], ctx.rule,
-                                          node.meta.get("autosp_window", 0)))
+        span = graph.call_function(SPAN, (args["query"], args["key"], args["value"], args["scale"], ctx.rule or "",
+                                          node.meta.get("autosp_window", 0), softcap_of(node)))
         out = graph.call_function(operator.getitem, (span, 0))
     for new in (span, out):
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
@@ -261,7 +266,9 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
         fail("attention dropout is not supported with ring attention (ring_size > 1): set the model's attention "
              "dropout to 0", node)
     with graph.inserting_before(node):
-        restriction = (ctx.rule, node.meta.get("autosp_window", 0)) if ctx.rule else ()  # documents / window
+        cap = softcap_of(node)  # documents / window / soft-capped scores
+        restriction = (ctx.rule or "", node.meta.get("autosp_window", 0), *((cap,) if cap else ())) \
+            if ctx.rule or cap else ()
         ring = graph.call_function(RING, (args["query"], args["key"], args["value"], args["scale"], ctx.ring_group,
                                           ctx.ring_ranges, *restriction))
         out = graph.call_function(operator.getitem, (ring, 0))
@@ -427,9 +434,10 @@ def _head_pipeline(plan: _Layer, chunks: int) -> None:
         def attend(g):
             q_lo, q_hi, kv_lo, kv_hi = groups[g]
             kv = received[kv_of[(kv_lo, kv_hi)]]
+            cap = {"softcap": softcap_of(node)} if softcap_of(node) else {}
             out = plan.call(node.target, (received[g]["q"], kv["k"], kv["v"]),
                             {"dropout_p": args["dropout_p"], "is_causal": True, "scale": args["scale"],
-                             "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo)})
+                             "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo), **cap})
             out.meta["autosp_ulysses"] = True
             out.meta["autosp_head_group"] = g  # one layer's attention is several SDPA calls here
             if "autosp_window" in node.meta:

@@ -119,22 +119,24 @@ def _resize(node: fx.Node, positions: list[int], new: int) -> None:
     node.args = tuple(args)
 
 
-_RING_ARGS = ("query", "key", "value", "scale", "group", "ranges", "rule", "window")
-_SPAN_ARGS = ("query", "key", "value", "scale", "rule", "window")
+_RING_ARGS = ("query", "key", "value", "scale", "group", "ranges", "rule", "window", "softcap")
+_SPAN_ARGS = ("query", "key", "value", "scale", "rule", "window", "softcap")
 
 
 def _attention_args(node: fx.Node):
-    """(q, k, v, scale, returns_lse, rule, window) of an SDPA, ring- or span-attention node (``rule``: the
-    engine whose packed documents apply, "" for none; ``window``: the layer's sliding window, 0 for none)."""
+    """(q, k, v, scale, returns_lse, rule, window, softcap) of an SDPA, ring- or span-attention node (``rule``: the
+    engine whose packed documents apply, "" for none; ``window``: the layer's sliding window, 0 for none;
+    ``softcap``: Gemma 2's attention logit cap, 0 for none)."""
     if is_call(node, SDPA):
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"] or args["dropout_p"]:
             fail("sequence_chunks needs causal attention without a mask or dropout (the mask pass makes it so for "
                  "causal models); re-plan with sequence_chunks=1", node)
-        return args["query"], args["key"], args["value"], args["scale"], False, "", 0
+        return args["query"], args["key"], args["value"], args["scale"], False, "", 0, 0.0
     names = _SPAN_ARGS if is_call(node, {torch.ops.autosp_ops.span_attention.default}) else _RING_ARGS
-    args = normalized(node, names, {"rule": "", "window": 0})
-    return args["query"], args["key"], args["value"], args["scale"], True, args["rule"], args["window"]
+    args = normalized(node, names, {"rule": "", "window": 0, "softcap": 0.0})
+    return (args["query"], args["key"], args["value"], args["scale"], True, args["rule"], args["window"],
+            args["softcap"])
 
 
 def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, key_of) -> None:
@@ -148,7 +150,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
         fail(f"sequence_chunks={ctx.candidate.sequence_chunks}: a decoder layer has {len(attention)} attention ops; chunked "
              f"layers need exactly one (overlap=head_pipeline splits it: use overlap none or kv_async)", region[0])
     attn = attention[0]
-    q, k, v, scale, returns_lse, rule, window = _attention_args(attn)
+    q, k, v, scale, returns_lse, rule, window, softcap = _attention_args(attn)
 
     external: list = []
     for node in region:
@@ -221,7 +223,7 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
         q_shape=tuple(example(q).shape), k_shape=tuple(example(k).shape), v_shape=tuple(example(v).shape),
         dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=ctx.candidate.sequence_chunks,
         offload=ctx.candidate.offload_chunks, global_len=ctx.global_len, ulysses=ctx.candidate.ulysses, ring=ctx.candidate.ring,
-        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window)
+        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window, softcap=softcap)
     key = register(program)
 
     order = {n: i for i, n in enumerate(graph.nodes)}

@@ -5,12 +5,14 @@ It runs after the loss pass, which has already made the loss ``cross_entropy(...
 (or ``nll_loss(log_softmax(...), reduction='sum')``) over this rank's tokens and built the exact
 global mean from that sum (docs/design.md section 2). The pattern, walking back from the loss's input:
 
-    F.linear(hidden, W, b)  [-> .float() / .to(float32)]  [-> view / reshape / flatten / contiguous]
+    F.linear(hidden, W, b)  [-> cap * tanh(. / cap)]  [-> .float() / .to(float32)]  [-> view / reshape / ...]
 
 with no other use of the logits than the loss and the model's output. It becomes one
-``autosp_ops::tiled_linear_cross_entropy(hidden, W, b, target, ignore_index, upcast, chunks)`` node,
+``autosp_ops::tiled_linear_cross_entropy(hidden, W, b, target, ignore_index, upcast, chunks, softcap)`` node,
 the same token-loss sum, so the global mean, ``ignore_index`` and the padding the runtime adds are
-handled exactly as without tiling. ``W`` may be the input embedding (tied embeddings): its gradient
+handled exactly as without tiling. Gemma 2's final-logit soft-capping (``cap * tanh(logits / cap)`` between the
+head and the loss) is recognised and applied to each chunk's logits (``softcap``), its derivative in the
+backward. ``W`` may be the input embedding (tied embeddings): its gradient
 from this op is added to the embedding's by autograd, as for any weight used twice.
 
 ``autosp_ops::tiled_linear_cross_entropy`` (a ``torch.library.custom_op``, opaque to AOTAutograd and
@@ -29,6 +31,7 @@ for the caller is exactly what tiling removes. The engine returns the loss only,
 
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -44,6 +47,7 @@ from autosp.compiler.passes.common import (
     NLL_LOSS,
     fail,
     is_call,
+    is_method,
     normalized,
     shape,
 )
@@ -53,9 +57,14 @@ _SHAPE_METHODS = {"view", "reshape", "contiguous", "flatten"}
 _SHAPE_FUNCTIONS = {torch.reshape, torch.flatten}
 
 
-def loss_reference(hidden, weight, bias, target, ignore_index: int, upcast: bool) -> torch.Tensor:
-    """The untiled computation: sum of the token cross-entropies of ``hidden @ W.T + b``."""
-    logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias)
+def capped(logits: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Gemma 2's final-logit soft-capping ``cap * tanh(logits / cap)`` (the identity for ``softcap`` 0)."""
+    return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
+def loss_reference(hidden, weight, bias, target, ignore_index: int, upcast: bool, softcap: float = 0.0) -> torch.Tensor:
+    """The untiled computation: sum of the token cross-entropies of ``hidden @ W.T + b`` (soft-capped first)."""
+    logits = capped(F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias), softcap)
     if upcast:
         logits = logits.float()
     return F.cross_entropy(logits, target.reshape(-1), ignore_index=ignore_index, reduction="sum")
@@ -67,25 +76,26 @@ def _out_dtype(hidden, weight, upcast):
 
 @torch.library.custom_op("autosp_ops::tiled_linear_cross_entropy", mutates_args=())
 def tiled_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                               target: torch.Tensor, ignore_index: int, upcast: bool, chunks: int) -> torch.Tensor:
+                               target: torch.Tensor, ignore_index: int, upcast: bool, chunks: int,
+                               softcap: float = 0.0) -> torch.Tensor:
     flat, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
     dtype = _out_dtype(hidden, weight, upcast)
     total = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32), device=hidden.device)
     for hc, tc in zip(torch.tensor_split(flat, chunks), torch.tensor_split(flat_target, chunks)):
         if hc.shape[0]:
-            total += loss_reference(hc, weight, bias, tc, ignore_index, upcast)
+            total += loss_reference(hc, weight, bias, tc, ignore_index, upcast, softcap)
     return total.to(dtype)
 
 
 @tiled_linear_cross_entropy.register_fake
-def _tiled_fake(hidden, weight, bias, target, ignore_index, upcast, chunks):
+def _tiled_fake(hidden, weight, bias, target, ignore_index, upcast, chunks, softcap=0.0):
     return hidden.new_empty((), dtype=_out_dtype(hidden, weight, upcast))
 
 
 @torch.library.custom_op("autosp_ops::tiled_linear_cross_entropy_backward", mutates_args=())
 def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                                         bias: Optional[torch.Tensor], target: torch.Tensor, ignore_index: int,
-                                        upcast: bool, chunks: int) -> list[torch.Tensor]:
+                                        upcast: bool, chunks: int, softcap: float = 0.0) -> list[torch.Tensor]:
     """[d hidden, d weight, (d bias)].
 
     Chunk by chunk: recompute the chunk's logits and log-softmax, then the backward with the kernels
@@ -103,6 +113,9 @@ def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor
         if not n:
             continue
         logits = F.linear(hc, weight, bias)
+        if softcap:  # keep tanh(logits / cap): the cap's derivative is 1 - tanh^2
+            tanh = torch.tanh(logits / softcap)
+            logits = tanh * softcap
         z = logits.float() if upcast else logits
         logp = torch.log_softmax(z, dim=-1)
         del z
@@ -112,6 +125,9 @@ def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor
         del d_logp, logp
         d_logits = d_z.to(logits.dtype)
         del d_z, logits
+        if softcap:
+            d_logits = d_logits * (1 - tanh * tanh)
+            del tanh
         acc_w.add_(d_logits.t().mm(hc))
         if acc_b is not None:
             acc_b.add_(d_logits.sum(0))
@@ -121,20 +137,20 @@ def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor
 
 
 @tiled_linear_cross_entropy_backward.register_fake
-def _tiled_backward_fake(grad, hidden, weight, bias, target, ignore_index, upcast, chunks):
+def _tiled_backward_fake(grad, hidden, weight, bias, target, ignore_index, upcast, chunks, softcap=0.0):
     return [torch.empty_like(hidden), torch.empty_like(weight), *([torch.empty_like(bias)] if bias is not None else [])]
 
 
 def _setup(ctx, inputs, output):
-    hidden, weight, bias, target, ctx.ignore_index, ctx.upcast, ctx.chunks = inputs
+    hidden, weight, bias, target, ctx.ignore_index, ctx.upcast, ctx.chunks, ctx.softcap = inputs
     ctx.save_for_backward(hidden, weight, bias, target)  # no logits
 
 
 def _backward(ctx, grad):
     hidden, weight, bias, target = ctx.saved_tensors
     grads = tiled_linear_cross_entropy_backward(grad, hidden, weight, bias, target, ctx.ignore_index, ctx.upcast,
-                                                ctx.chunks)
-    return grads[0], grads[1], (grads[2] if bias is not None else None), None, None, None, None
+                                                ctx.chunks, ctx.softcap)
+    return grads[0], grads[1], (grads[2] if bias is not None else None), None, None, None, None, None
 
 
 tiled_linear_cross_entropy.register_autograd(_backward, setup_context=_setup)
@@ -169,7 +185,8 @@ def _is_device_move(node: fx.Node) -> bool:
 
 
 def match_logits_loss(loss: fx.Node) -> dict:
-    """{head, hidden, weight, bias, upcast, chain} for the loss node, or a UsageError saying what is in the way."""
+    """{head, hidden, weight, bias, upcast, softcap, chain} for the loss node, or a UsageError saying what is in the
+    way."""
     args = normalized(loss, CE_ARGS, CE_DEFAULTS)
     node = args["input"]
     if is_call(loss, NLL_LOSS):
@@ -181,9 +198,14 @@ def match_logits_loss(loss: fx.Node) -> dict:
         chain, node = [node], node.args[0]
     else:
         chain = []
-    upcast = False
+    upcast, softcap = False, 0.0
     while isinstance(node, fx.Node) and node.op != "placeholder" and not is_call(node, LINEAR):
-        if _is_shape_only(node) or _is_device_move(node):
+        cap = _softcap_chain(node)
+        if cap and not softcap:  # cap * tanh(logits / cap): the three nodes join the chain
+            softcap = cap[0]
+            chain.extend(cap[1][:-1])
+            node = cap[1][-1]
+        elif _is_shape_only(node) or _is_device_move(node):
             pass
         elif _is_upcast(node):
             upcast = True
@@ -200,7 +222,34 @@ def match_logits_loss(loss: fx.Node) -> dict:
     head = node
     hidden, weight = head.kwargs.get("input", head.args[0]), head.kwargs.get("weight", head.args[1])
     bias = head.kwargs.get("bias", head.args[2] if len(head.args) > 2 else None)
-    return dict(head=head, hidden=hidden, weight=weight, bias=bias, upcast=upcast, chain=chain)
+    return dict(head=head, hidden=hidden, weight=weight, bias=bias, upcast=upcast, softcap=softcap, chain=chain)
+
+
+def _constant(a, b):
+    """(the node, the number) of a binary op's two arguments when one is a node and the other a number."""
+    if isinstance(a, fx.Node) and isinstance(b, (int, float)):
+        return a, float(b)
+    if isinstance(b, fx.Node) and isinstance(a, (int, float)):
+        return b, float(a)
+    return None, None
+
+
+def _softcap_chain(node: fx.Node):
+    """(cap, [mul, tanh, div]) when ``node`` is ``tanh(x / cap) * cap`` (Gemma 2's final-logit soft-capping, as
+    transformers writes it), else None."""
+    if not is_call(node, {operator.mul, torch.mul}):
+        return None
+    inner, cap = _constant(*node.args[:2])
+    if inner is None or not cap or not (is_call(inner, {torch.tanh}) or is_method(inner, "tanh")) \
+            or len(inner.users) != 1:
+        return None
+    divided = inner.args[0]
+    if not (isinstance(divided, fx.Node) and is_call(divided, {operator.truediv, torch.div}) and len(divided.users) == 1):
+        return None
+    source, divisor = divided.args[0], divided.args[1]
+    if not isinstance(source, fx.Node) or not isinstance(divisor, (int, float)) or float(divisor) != cap:
+        return None
+    return cap, [node, inner, divided]
 
 
 def loss_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
@@ -236,7 +285,7 @@ def loss_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None
                      f"never exist, so nothing but the loss may read them; re-plan with loss_chunks=1", user)
     with graph.inserting_before(loss):
         fused = graph.call_function(TILED_LOSS, (m["hidden"], m["weight"], m["bias"], target, args["ignore_index"],
-                                                 m["upcast"], chunks))
+                                                 m["upcast"], chunks, m["softcap"]))
     fused.meta.update(loss.meta)
     loss.replace_all_uses_with(fused)
     graph.erase_node(loss)

@@ -6,7 +6,9 @@ Pattern (on the Dynamo graph, torch-level ops), with or without biases:
 - plain: ``down(act(up(x)))``
 
 ``gate``, ``up`` and ``down`` are ``F.linear`` calls, ``act`` is SiLU, GELU (exact or tanh) or ReLU,
-and every intermediate has no other user. Each match becomes one ``autosp_ops::tiled_mlp`` node.
+and every intermediate has no other user. Each match becomes one ``autosp_ops::tiled_mlp`` node. A mixture of
+experts' routed MLP, autosp's ``autosp_ops::moe_experts`` (compiler/experts.py), is tiled by its own ``chunks``
+argument: it dispatches, computes and combines N token pieces one after the other.
 
 ``autosp_ops::tiled_mlp`` is a ``torch.library.custom_op``, opaque to AOTAutograd and Inductor, so the
 chunks cannot be fused back into one s x ffn tensor:
@@ -36,7 +38,10 @@ import torch.nn.functional as F
 from torch import fx
 
 from autosp.compiler.context import SPContext
+from autosp.compiler.experts import moe_experts as _moe_experts  # noqa: F401  (registers autosp_ops::moe_experts)
 from autosp.compiler.passes.common import SDPA, fail, is_call, shape
+
+MOE_EXPERTS = torch.ops.autosp_ops.moe_experts.default
 
 LINEAR = {F.linear}
 _ACTIVATIONS = {
@@ -253,7 +258,12 @@ def mlp_tiling_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     ring = {torch.ops.autosp_ops.ring_attention.default, torch.ops.autosp_ops.span_attention.default}
     n_attention = sum(1 for n in graph.nodes if (is_call(n, SDPA) or is_call(n, ring))
                       and not n.meta.get("autosp_head_group"))
-    if len(matches) < n_attention:
+    # a mixture of experts' MLP is autosp's expert op (compiler/experts.py): it runs its tokens in pieces itself
+    experts = [n for n in graph.nodes if n.op == "call_function" and n.target is MOE_EXPERTS]
+    for node in experts:
+        node.kwargs = {**node.kwargs, "chunks": chunks}
+        ctx.stats.mlps_tiled += 1
+    if len(matches) + len(experts) < n_attention:
         fail(f"mlp_chunks={chunks}: found {len(matches)} MLP(s) for {n_attention} attention layer(s); MLP tiling "
              f"recognises down(act(gate(x)) * up(x)) and down(act(up(x))) built from F.linear with SiLU, GELU or "
              f"ReLU and no other use of the intermediates; re-plan with mlp_chunks=1")

@@ -36,12 +36,8 @@ MAX_RESCORED = 4_000
 
 
 def supported(space) -> bool:
-    """Whether the bulk model prices this space: not a mixture-of-experts model (its ``ep`` axis and expert
-    terms are the scalar model's only) nor a soft-capped one (Gemma 2's kernel factors), and not degenerate
-    hardware; the other spaces take the scalar search."""
-    model = space.model
-    if model.n_experts or model.attn_logit_softcap or model.final_logit_softcap:
-        return False
+    """Whether the bulk model prices this space: every model (mixture-of-experts ones with their ``ep`` axis, one
+    shape group per ep) on hardware that is not degenerate; the other spaces take the scalar search."""
     return bulk.supported(space.hardware) is None
 
 
@@ -67,7 +63,7 @@ def space_groups(space):
         keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
         keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
         keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
-        for micro, seq in itertools.product(per["micro_batch"], per["sequence_chunks"]):
+        for micro, seq, ep in itertools.product(per["micro_batch"], per["sequence_chunks"], per["ep"]):
             mask = keep.copy()
             if seq == 1:
                 mask &= ~rows["offload_chunks"]                     # chunk offload needs sequence chunks
@@ -75,7 +71,7 @@ def space_groups(space):
                 mask &= ~np.isin(ckpt, selective) & (rows["overlap"] != head_pipeline)
             if not mask.any():
                 continue
-            base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq)  # row knobs at their defaults
+            base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)  # row knobs at their defaults
             yield base, {k: v[mask] for k, v in rows.items()}
 
 
@@ -89,7 +85,7 @@ def _candidate(space, base, rows: dict, i: int):
 
 def score_space(space):
     """Every candidate of ``space`` priced in bulk: (groups, per-row arrays). ``groups`` is [(base, rows)];
-    the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ZeRO,
+    the arrays (concatenated over the groups) are ``group``, ``row``, ``family`` (an id per (sp, ring, ep, ZeRO,
     checkpointing)), ``tps``, ``memory``, ``fits`` and ``simplicity`` (the fields of
     :func:`~autosp.planner.search.evaluator.simplicity`, one array each)."""
     groups, parts = [], []
@@ -98,7 +94,7 @@ def score_space(space):
         out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
         g = len(groups)
         groups.append((base, rows))
-        layout = layouts.setdefault((base.sp, base.ring), len(layouts))
+        layout = layouts.setdefault((base.sp, base.ring, base.ep), len(layouts))
         family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
         k = len(family)
         # the knob table's simplicity order: row knobs from their arrays, the group's shape knobs repeated

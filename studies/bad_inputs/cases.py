@@ -446,7 +446,7 @@ CASES: list[Case] = [
                                                              "LOCAL_WORLD_SIZE": "1"}),
     _c(TRAIN, "--model nosuch --sp 1 --ctx 64", 2, "unknown model"),
     _c(TRAIN, "--model @cfgdir --sp 1 --ctx 64", 2, "does not exist"),
-    _c(TRAIN, "--model @gemma2/config.json --sp 1 --ctx 64", 2, "scaled_dot_product_attention", item=6, slow=True),
+    _c(TRAIN, "--model @gemma2/config.json --sp 1 --ctx 64", 0, "", item=6, slow=True),  # soft-capped: trains
     _c(TRAIN, "--model @cfg-bom.json --sp 1 --ctx 64", 2, "byte-order mark"),
     _c(TRAIN, "--model @cfg-moe.json --sp 1 --ctx 64", 2, "mixture-of-experts"),
     _c(TRAIN, "--model @cfg-unknown-type.json --sp 1 --ctx 64", 2, "does not know model_type", slow=True),

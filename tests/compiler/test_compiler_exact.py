@@ -160,8 +160,6 @@ ERRORS = {
                               dict(sp_size=2, micro_batch=2), "3 key/value heads are incompatible with 2"),
     "world_size_mismatch": (2, reference_llama, dict(seq=32), dict(sp_size=2, dp_size=2, micro_batch=1),
                             "needs dp x sp = 2 x 2 = 4 processes but 2 were launched"),
-    "gemma2_softcapping": (2, lambda: hf_model("gemma2", attn="eager"), dict(seq=32), dict(sp_size=2, micro_batch=2),
-                           "caps its attention logits"),
     "labels_at_pads": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "labels at padded positions"),
     "left_padding": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "left-padded"),
 }

@@ -1,19 +1,22 @@
 """Model families beyond Llama trained through autosp == one process (fp32, 1e-5): mixture of experts with expert
-parallelism, tied embeddings at ZeRO-3 with a tiled loss, Gemma 3 with a ring.
+parallelism, tied embeddings at ZeRO-3 with a tiled loss, Gemma 2 and Gemma 3.
 
 Tiny Hugging Face Qwen3-MoE, Mixtral and OLMoE (4 experts, top-2) built from configs. Each spawned job (world 2,
-world 4) trains 3 AdamW steps per case; rank 0 compares the loss of every step, every gradient of the first step
+world 4) trains 3 steps per case; rank 0 compares the loss of every step, every gradient of the first step
 and every weight after the last against one process on the full batches. Expert-parallel parameters hold this
 rank's experts only: the comparison gathers them over the EP group (:func:`autosp.compiler.testing.full_grad`).
-Cases cover SP alone (autosp's expert op replaces Hugging Face's data-dependent expert loop), EP = 2 inside the
-SP group, EP across SP and DP (4 processes), ZeRO 0-3 (at ZeRO-3 the expert parameters are partitioned over the
-expert-data-parallel group: a rank never holds, nor gathers, another rank's experts), the router's auxiliary
-load-balancing loss over the whole batch, packed documents, and the refusals.
+Cases cover each MoE family at SP 2 and SP 4, SP alone (autosp's expert op replaces Hugging Face's
+data-dependent expert loop), EP = 2 inside the SP group, SP 2 x EP 2 with DP (4 processes), EP 4, ZeRO 0-3 (at
+ZeRO-3 the expert parameters are partitioned over the expert-data-parallel group: a rank never holds, nor
+gathers, another rank's experts), the router's auxiliary load-balancing loss over the whole batch, packed
+documents, the MoE MLP tiled (``mlp_chunks``: the expert op runs token pieces), and the refusals.
 
 Tied embeddings (HF Llama and Qwen3 with ``tie_word_embeddings``) at ZeRO-3 with ``loss_chunks`` 3: the LM head is
 traced inline with the tiled loss and its weight, shared with the input embedding, stays gathered
-(``compiler/zero3.py``); the gradient is the sum of both uses. Gemma 3 (text): interleaved sliding-window and global
-layers with their own RoPE bases, query pre-attention scaling, the embedding scale, at SP 2 with a ring of 2.
+(``compiler/zero3.py``); the gradient is the sum of both uses. Gemma 2 (eager attention in transformers, its
+attention logits and final logits soft-capped: compiler/softcapping.py) at Ulysses SP 2 with the final-logit cap
+inside the tiled loss, and with a ring of 2; Gemma 3 (text) with a ring of 2. Both: interleaved sliding-window and
+global layers, query pre-attention scaling, the embedding scale.
 """
 
 from __future__ import annotations
@@ -67,15 +70,20 @@ def tied(kind):
     return model
 
 
-def gemma3():
+def gemma(version, n_layers=2):
+    """Tiny Gemma 2 or 3 (text): a sliding-window layer then a global one, query pre-attention scaling, the
+    embedding scale; Gemma 2 caps its attention logits and its final logits (caps small enough to bite)."""
     import transformers
 
-    config = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                           head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
-                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                                           max_position_embeddings=256, attn_implementation="sdpa", use_cache=False)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+                  layer_types=["sliding_attention", "full_attention"] * (n_layers // 2) + ["sliding_attention"] * (n_layers % 2),
+                  max_position_embeddings=256, use_cache=False)
     torch.manual_seed(0)
+    if version == 2:  # transformers runs it with eager attention (SDPA has no soft-capping)
+        config = transformers.Gemma2Config(attn_logit_softcapping=0.5, final_logit_softcapping=2.0, **common)
+        return transformers.Gemma2ForCausalLM(config)
+    config = transformers.Gemma3TextConfig(attn_implementation="sdpa", **common)
     return transformers.Gemma3ForCausalLM(config)
 
 
@@ -84,7 +92,8 @@ def adamw(params):
 
 
 # name -> (world, model factory, batches, compile kwargs[, optimizer]); compile kwargs' plan_knobs: a Candidate's
-# fields beyond sp, micro_batch and zero_stage
+# fields beyond sp, micro_batch and zero_stage. Each case combines several features (every case is a fresh
+# compile and DeepSpeed engine: the cost of this file), the two worlds are two spawned jobs.
 EXACT = {
     # tied embeddings at ZeRO-3 with a tiled loss (S % P != 0 for Llama)
     "llama_tied_zero3_loss3": (2, lambda: tied("llama"), dict(seq=31),
@@ -93,30 +102,33 @@ EXACT = {
     "qwen3_tied_zero3_loss3": (2, lambda: tied("qwen3"), dict(seq=32),
                                dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3,
                                     plan_knobs=dict(loss_chunks=3)), sgd),
-    # Gemma 3: windows, RoPE bases, query pre-attention scale, pure ring of 2
-    "gemma3_sp2_ring2": (2, gemma3, dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
-    # SP alone: the expert op instead of HF's expert loop; the load-balancing loss over both ranks' tokens; S % P
-    "qwen3_moe_sp2_aux_pad": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31),
-                              dict(sp_size=2, micro_batch=2)),
-    # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss
-    "qwen3_moe_sp2_ep2_zero3_aux": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
-                                    dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=3, ds_config=Z3)),
+    # Gemma 2, Ulysses SP 2: capped attention in span attention (with the sliding window), the final-logit cap
+    # inside the tiled loss, query pre-attention scale
+    "gemma2_sp2_loss3": (2, lambda: gemma(2), dict(seq=32),
+                         dict(sp_size=2, micro_batch=2, zero_stage=0, plan_knobs=dict(loss_chunks=3)), sgd),
+    # Gemma 2 and 3 with a pure ring of 2: capped (Gemma 2) and windowed blocks passed around the ring
+    "gemma2_sp2_ring2": (2, lambda: gemma(2), dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
+    "gemma3_sp2_ring2": (2, lambda: gemma(3), dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
+    # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss, S % P
+    "qwen3_moe_sp2_ep2_zero3_aux_pad": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31),
+                                        dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=3, ds_config=Z3)),
     # Mixtral, EP 2, ZeRO-1 (DeepSpeed's MoE optimizer groups)
     "mixtral_sp2_ep2_zero1": (2, lambda: moe_model("mixtral"), dict(seq=32),
                               dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=1)),
     # OLMoE, EP 2, ZeRO-2, aux loss
     "olmoe_sp2_ep2_zero2_aux": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
                                 dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=2)),
-    # packed documents (seq_lens), EP 2: every document trains on its own
-    "qwen3_moe_sp2_ep2_packed": (2, lambda: moe_model("qwen3_moe"), "packed", dict(sp_size=2, micro_batch=2, ep_size=2)),
     # SP 2 x DP 2, EP 2 inside each SP group, aux loss over all 4 ranks
     "qwen3_moe_sp2_dp2_ep2_aux": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
                                   dict(sp_size=2, dp_size=2, micro_batch=1, ep_size=2)),
-    # EP 4 across SP and DP (one expert per rank), ZeRO-3
-    "mixtral_sp2_dp2_ep4_zero3": (4, lambda: moe_model("mixtral"), dict(seq=32),
-                                  dict(sp_size=2, dp_size=2, micro_batch=1, ep_size=4, zero_stage=3, ds_config=Z3)),
-    # SP 4, EP 2, OLMoE
-    "olmoe_sp4_ep2": (4, lambda: moe_model("olmoe"), dict(seq=32), dict(sp_size=4, micro_batch=2, ep_size=2)),
+    # SP 4 alone (autosp's expert op instead of HF's data-dependent loop), packed documents (seq_lens)
+    "qwen3_moe_sp4_packed": (4, lambda: moe_model("qwen3_moe"), "packed", dict(sp_size=4, micro_batch=2)),
+    # Mixtral at SP 4, EP 4 (one expert per rank), ZeRO-3
+    "mixtral_sp4_ep4_zero3": (4, lambda: moe_model("mixtral"), dict(seq=32),
+                              dict(sp_size=4, micro_batch=2, ep_size=4, zero_stage=3, ds_config=Z3)),
+    # OLMoE at SP 4, EP 2, the MoE MLP tiled (mlp_chunks 2: the expert op dispatches two token pieces)
+    "olmoe_sp4_ep2_mlp2": (4, lambda: moe_model("olmoe"), dict(seq=32),
+                           dict(sp_size=4, micro_batch=2, ep_size=2, zero_stage=0, plan_knobs=dict(mlp_chunks=2))),
 }
 
 ERRORS = {
@@ -136,7 +148,8 @@ def run_cases(rank, world, names):
         knobs = compile_kw.pop("plan_knobs", None)
         if knobs:
             compile_kw["plan"] = Candidate(sp=compile_kw.pop("sp_size"), micro_batch=compile_kw.pop("micro_batch"),
-                                           zero_stage=compile_kw.pop("zero_stage"), **knobs)
+                                           zero_stage=compile_kw.pop("zero_stage"), ep=compile_kw.pop("ep_size", 1),
+                                           **knobs)
         model = factory()
         if batch_kw == "packed":
             batches, loss_fn = packed_batches(form="seq_lens"), testing.packed_loss
@@ -145,7 +158,8 @@ def run_cases(rank, world, names):
         got = testing.sp_run(model, batches, optimizer, **compile_kw)
         if rank == 0:
             ref = testing.reference_run(model, batches, optimizer, loss_fn=loss_fn)
-            return {"errors": testing.compare(got, ref), "losses_tiled": got["stats"].losses_tiled}
+            return {"errors": testing.compare(got, ref), "losses_tiled": got["stats"].losses_tiled,
+                    "mlps_tiled": got["stats"].mlps_tiled}
         return None
 
     return testing.run_cases(rank, [n for n in names if EXACT[n][0] == world], run_one)
@@ -197,7 +211,8 @@ def test_exact_world2(world2, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, case in EXACT.items() if case[0] == 4])
 def test_exact_world4(world4, name):
-    assert_within(world4[name], TOL)
+    result = assert_within(world4[name], TOL)
+    assert (result["mlps_tiled"] > 0) == ("mlp2" in name)  # the expert op took the MLP tiling
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from autosp.compiler.attention.local import rows_backward, rows_forward, span_at
 from autosp.compiler.attention.merge import empty_accumulators
 from autosp.compiler.attention.pieces import attention_pieces
 from autosp.compiler.inputs import shard_batch
-from autosp.compiler.windows import layer_windows, refuse_softcapping
+from autosp.compiler.windows import layer_windows
 from autosp.errors import UsageError
 
 
@@ -168,8 +168,8 @@ def test_layer_windows_from_hugging_face_configs():
     assert layer_windows(qwen) == (None, None, 8, 8)
     assert layer_windows(transformers.Qwen2Config(num_hidden_layers=2, sliding_window=8)) is None  # not switched on
     assert layer_windows(transformers.LlamaConfig(num_hidden_layers=2)) is None
-    with pytest.raises(UsageError, match="gemma2 caps its attention logits"):
-        refuse_softcapping(transformers.Gemma2Config(num_hidden_layers=2))
+    # Gemma 2: local (sliding) and global layers alternate, the first one local
+    assert layer_windows(transformers.Gemma2Config(num_hidden_layers=3, sliding_window=8)) == (8, None, 8)
 
 
 def test_packing_a_token_file_the_hugging_face_way():

@@ -115,3 +115,21 @@ def test_a_plan_names_the_config_it_was_made_from_also_when_traced(tmp_path):
     assert _planned_config(str(tmp_path)) == config  # a model directory
     assert _planned_config("https://huggingface.co/meta-llama/Llama-3.1-8B") is None  # a preset's source
     assert _planned_config("graph profile 0123abcd of relative/config.json") is None
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+      "layer_types": ["linear_attention", "full_attention"]}, "Qwen3NextForCausalLM is a hybrid linear-attention"),
+    ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True},
+     "T5ForConditionalGeneration is an encoder-decoder"),
+    ({"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {}},
+     "Qwen2_5_VLForConditionalGeneration is a vision-language"),
+])
+def test_unsupported_architectures_are_one_line_exit_2_before_building(tmp_path, capsys, config, words):
+    # issue 22: the list autosp-plan and autosp.compile share (cost_models/architectures.py), named by architecture
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 64, "num_hidden_layers": 2,
+                                                      "num_attention_heads": 4, "intermediate_size": 128,
+                                                      "vocab_size": 97}))
+    assert train_main(["--model", str(tmp_path), "--sp", "1", "--ctx", "64", "--steps", "1", "--backend", "aot_eager",
+                       "--dtype", "fp32"]) == 2
+    assert words in _error(capsys)

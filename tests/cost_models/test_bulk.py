@@ -23,6 +23,11 @@ SPACES = [  # each feature of the cost model in at least one space
     dict(model="llama-3.2-1b", ctx="128k", hw="h100x4", mean_doc_len="8k", global_batch=8),  # documents, grad accum
     dict(model="qwen2.5-0.5b", ctx="64k", hw="h100x16", global_batch=32),          # two nodes, cross-node SP, ring
     dict(model="qwen2.5-7b", ctx="500k", hw="h200x8", fix=["zero_stage=3", "micro_batch=1"]),  # rings, pins
+    # mixtures of experts: the ep axis (expert states, dispatch all-to-alls, the busiest rank's margin)
+    dict(model="qwen3-30b-a3b", ctx="32k", hw="h100x2", fix=["micro_batch=1", "overlap=none"]),
+    dict(model="mixtral-8x7b", ctx="128k", hw="h100x16",  # two nodes: the expert-data-parallel group spans them
+         fix=["zero_stage=3", "micro_batch=1", "checkpointing=full", "overlap=none", "offload_param=false"]),
+    dict(model="gemma-2-9b", ctx="16k", hw="h100x2", fix=["micro_batch=1"]),      # soft-capping's kernel factors
 ]
 
 
