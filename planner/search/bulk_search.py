@@ -18,7 +18,7 @@ import itertools
 import numpy as np
 
 from autosp.cost_models import bulk
-from autosp.contract.knobs import BY_NAME, SIMPLICITY, knobs_of
+from autosp.contract.knobs import BY_NAME, FAMILY, SIMPLICITY, knobs_of
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 
@@ -94,7 +94,10 @@ def score_space(space):
         out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
         g = len(groups)
         groups.append((base, rows))
-        layout = layouts.setdefault((base.sp, base.ring, base.ep), len(layouts))
+        # the family's shape: the table's family knobs that are not row arrays, and the expert placement
+        # (a shape-group axis: an ep of its own gives the plan's report a best candidate per ep)
+        shape = (*(getattr(base, name) for name in FAMILY if name not in rows), base.ep)
+        layout = layouts.setdefault(shape, len(layouts))
         family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
         k = len(family)
         # the knob table's simplicity order: row knobs from their arrays, the group's shape knobs repeated
@@ -105,7 +108,7 @@ def score_space(space):
     names = ("group", "row", "family", "tps", "memory", "fits")
     if not parts:
         arrays = {name: np.empty(0) for name in names}
-        arrays["simplicity"] = np.empty((14, 0), dtype=np.int64)
+        arrays["simplicity"] = np.empty((len(SIMPLICITY), 0), dtype=np.int64)
         return groups, arrays
     arrays = {name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(names)}
     arrays["simplicity"] = np.concatenate([p[6] for p in parts], axis=1)
