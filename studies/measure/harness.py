@@ -39,54 +39,26 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, field, make_dataclass
 
+from autosp.contract.knobs import KNOBS
 from autosp.contract.specs import (AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload,
                                       fingerprint_of, from_dict)
 
 GIB = 1024 ** 3
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """One configuration: the model, the sequence, every plan knob, and how long to measure."""
-
-    model: ModelSpec
-    seq_len: int
-    sp: int
-    dp: int = 1
-    ring: int = 1                    # ring attention ranks inside the SP group (Ulysses x ring)
-    zero_stage: int = 0
-    checkpointing: str = "none"
-    mlp_chunks: int = 1
-    loss_chunks: int = 1
-    offload_activations: bool = False
-    overlap: str = "none"
-    offload_optimizer: bool = False
-    sequence_chunks: int = 1
-    offload_chunks: bool = False
-    offload_param: bool = False
-    micro_batch: int = 1
-    grad_accum: int = 1
-    dtype: str = "fp32"
-    warmup: int = 2
-    steps: int = 5
-    backend: str = "inductor"
-    impl: str = "reference"          # "reference" (autosp.compiler.models.llama) or "hf" (transformers Llama)
-    threads: int | None = None       # intra-op threads per rank; None: cores // world (as autosp-calibrate)
-    label: str = ""
-    doc_lens: tuple = ()             # packed: the documents of each sequence, in order (they sum to seq_len);
-                                     # () unpacked. Predicted as the stream of docs/cost_model.md, exact when
-                                     # the lengths are equal and divide seq_len
+class _Run:
+    """What a RunConfig does (its fields are made from the knob table below)."""
 
     @property
     def world(self) -> int:
         return self.sp * self.dp
 
     def candidate(self) -> Candidate:
-        # the knob fields carry Candidate's names (one to one); the row stays flat for the studies' JSON.
-        # Candidate fields the harness does not carry keep their defaults.
-        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate) if hasattr(self, f.name)})
+        # the knob fields carry Candidate's names (one to one: the knob table's rows); the row stays flat for the
+        # studies' JSON
+        return Candidate(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate)})
 
     def workload(self) -> Workload:
         hist: dict[int, int] = {}
@@ -115,6 +87,25 @@ class RunConfig:
         values["model"] = from_dict(ModelSpec, values["model"]) if isinstance(values["model"], dict) else values["model"]
         values["doc_lens"] = tuple(values.get("doc_lens", ()))
         return from_dict(cls, values)
+
+
+RunConfig = make_dataclass(
+    "RunConfig",
+    [("model", ModelSpec), ("seq_len", int), ("sp", int)]
+    # every other plan knob, with its default (autosp.contract.knobs)
+    + [(k.name, k.kind, field(default=k.default)) for k in KNOBS if k.name != "sp"]
+    + [("dtype", str, field(default="fp32")), ("warmup", int, field(default=2)), ("steps", int, field(default=5)),
+       # "reference" (autosp.compiler.models.llama) or "hf" (transformers Llama)
+       ("backend", str, field(default="inductor")), ("impl", str, field(default="reference")),
+       # intra-op threads per rank; None: cores // world (as autosp-calibrate)
+       ("threads", "int | None", field(default=None)), ("label", str, field(default="")),
+       # packed: the documents of each sequence, in order (they sum to seq_len); () unpacked. Predicted as the
+       # stream of docs/cost_model.md, exact when the lengths are equal and divide seq_len
+       ("doc_lens", tuple, field(default=()))],
+    bases=(_Run,), frozen=True)
+RunConfig.__module__ = __name__  # found by pickle (the spawned ranks) like a class written out
+RunConfig.__doc__ = """One configuration: the model, the sequence, every plan knob (the knob table's rows, flat), and
+how long to measure."""
 
 
 def placeholder_hardware(world: int) -> HardwareSpec:

@@ -44,8 +44,6 @@ ALLOWED = {
     ("studies/published_gpu.py", "pinned_space"): "a published recipe's fixed knobs, transcribed from its source",
     ("planner/cli/price.py", "configuration"): "the pins that change the batch split (sp, dp, micro-batch): a "
                                                "rule of grad_accum",
-    ("studies/measure/harness.py", "RunConfig"): "a measured run's row, flat for the studies' JSON (its candidate() "
-                                                 "reads Candidate's fields); a knob it lacks keeps its default",
     ("studies/measure/__main__.py", "main"): "the measuring CLI's flags, one per knob it can set",
     ("studies/published_gpu.py", "PublishedRun"): "a published run's recipe, transcribed from its source",
 }
