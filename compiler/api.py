@@ -328,11 +328,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
 
     if candidate.zero_stage == 3:
-        from deepspeed.utils import set_z3_leaf_modules_by_name
+        from autosp.compiler.zero3 import set_leaf_modules
 
-        names = list(z3_leaf_modules) if z3_leaf_modules is not None else _leaf_block_names(model)
-        if names:
-            set_z3_leaf_modules_by_name(model, names)
+        set_leaf_modules(model, list(z3_leaf_modules) if z3_leaf_modules is not None else _leaf_block_names(model))
 
     from autosp.compiler.experts import optimizer_param_groups, prepare_experts
 

@@ -78,4 +78,44 @@ def persist_lm_head(ds_engine) -> int:
     return sum(p.ds_numel for p in params)
 
 
-__all__ = ["lm_head_module", "persist_lm_head"]
+def _first_input_requires_grad(module, args):
+    """Forward pre-hook of a ZeRO-3 leaf module (see :func:`set_leaf_modules`): when it has trainable
+    parameters but none of its positional tensor inputs requires grad, its first floating-point input is
+    replaced by a detached copy that does (the values are the same; only the autograd graph changes)."""
+    if not torch.is_grad_enabled() or any(torch.is_tensor(a) and a.requires_grad for a in args):
+        return None
+    if not any(p.requires_grad for p in module.parameters()):
+        return None
+    for i, a in enumerate(args):
+        if torch.is_tensor(a) and a.is_floating_point():
+            return (*args[:i], a.detach().requires_grad_(), *args[i + 1:])
+    return None
+
+
+def set_leaf_modules(model: torch.nn.Module, names: list[str]) -> None:
+    """Make the named modules (the decoder layers) ZeRO-3 leaf modules: DeepSpeed gathers each one's
+    parameters as one unit, and autosp traces it as one graph.
+
+    DeepSpeed reduces a leaf module's gradients in a *full backward hook* on the module. PyTorch fires such a
+    hook once the gradients of the module's inputs are computed, or, when no input requires grad, as soon as
+    the gradients of its *outputs* are -- before the module's own backward ran. That is the first decoder
+    layer of a PEFT (LoRA) model: its input comes from frozen embeddings. DeepSpeed then reduces the adapters'
+    gradients before they exist (it fills them with zeros, partitions them and empties ``param.grad``), and
+    the layer's backward afterwards fails adding the real gradient to the emptied one ("The size of tensor
+    a (0) must match ..."). A pre-hook, ahead of DeepSpeed's, makes such a layer's input require grad, so
+    the reduction waits for the layer's backward as in every other layer. Cost: the first layer's backward
+    also computes the gradient of its input (discarded)."""
+    from deepspeed.utils import set_z3_leaf_modules_by_name
+
+    if not names:
+        return
+    set_z3_leaf_modules_by_name(model, names)
+    hook = torch._dynamo.disable(_first_input_requires_grad, recursive=True)  # eager, as DeepSpeed's hooks
+    for name in names:
+        module = model.get_submodule(name)
+        if not getattr(module, "_autosp_input_grad_hook", False):
+            module.register_forward_pre_hook(hook, prepend=True)
+            module._autosp_input_grad_hook = True
+
+
+__all__ = ["lm_head_module", "persist_lm_head", "set_leaf_modules"]

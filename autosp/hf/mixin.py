@@ -98,13 +98,11 @@ class SPTrainerMixin:
             else:
                 kwargs["args"] = targs
         if c.zero_stage == 3 and model is not None and hasattr(model, "named_modules"):
-            from deepspeed.utils import set_z3_leaf_modules_by_name
-
             from autosp.compiler.api import _leaf_block_names
+            from autosp.compiler.zero3 import set_leaf_modules
 
-            names = _leaf_block_names(model)
-            if names:  # each decoder layer gathered and traced as one graph (compiler/runtime.py: ZeRO-3)
-                set_z3_leaf_modules_by_name(model, names)
+            # each decoder layer gathered and traced as one graph (compiler/runtime.py: ZeRO-3)
+            set_leaf_modules(model, _leaf_block_names(model))
         self._sp_backend, self._sp_pad_multiple = backend, pad_to_multiple_of
         super().__init__(*args, **kwargs)
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the accumulated step's tokens itself

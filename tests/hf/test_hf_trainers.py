@@ -1,14 +1,14 @@
 """autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
 
-One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), four cases against one process:
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), six cases against one process:
 
 - autosp.hf.Trainer, SP=2 (DDP underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd
   lengths with right padding: every logged loss (the first also against the step's objective computed
   directly: tokens counted once), evaluate() before and after training (the one before must not leave the
   model without DDP), the final weights, and the saved checkpoint loaded with from_pretrained;
 - autosp.hf.SFTTrainer, packing=True / padding-free: the logged losses, and no attention across documents;
-- PEFT LoRA through autosp.hf.Trainer and through autosp.compile (ZeRO 0): adapter gradients and weights,
-  base weights untouched. (ZeRO-3 with frozen base weights: open, docs/hf-trainers.md.)
+- PEFT LoRA through autosp.hf.Trainer and through autosp.compile, at ZeRO 0 and ZeRO 3: adapter gradients
+  and weights, base weights untouched.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
 
     from autosp.compiler.testing import reference_run
 
-    names = ["trainer", "sft", "lora_trainer0", "lora_compile0"]
+    names = ["trainer", "sft", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3"]
     sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
     for name in names:
         assert "crash" not in sp[name], sp[name].get("crash")
@@ -239,17 +239,19 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     alone = _per_document_loss(ref_sft["first"])
     assert abs(sp["sft"]["losses"][0] - alone) <= TOL * alone, (sp["sft"]["losses"][0], alone)
 
-    # PEFT LoRA, through the Trainer and through autosp.compile: only the adapters train, exactly
+    # PEFT LoRA, through the Trainer and through autosp.compile, at ZeRO 0 and 3 (frozen base weights
+    # partitioned; the first layer's input comes from frozen embeddings): only the adapters train, exactly
     base = {n: p.detach().clone() for n, p in lora_model().named_parameters() if "lora_" not in n}
     ref_lora = run_lora_trainer(transformers.Trainer, str(tmp_path / "ref_lora"))
-    got = sp["lora_trainer0"]
-    assert _worst(got["weights"], ref_lora["weights"], only="lora_")[0] <= TOL
-    assert all(torch.equal(got["weights"][n], w) for n, w in base.items())
     ref_compile = reference_run(lora_model(), lora_batches(), _sgd, gradient_clipping=0)
-    got = sp["lora_compile0"]
-    trained = sorted(n for n, g in got["grads"].items() if g is not None)
-    assert trained == sorted(ref_compile["grads"]) and all("lora_" in n for n in trained)
-    assert _worst(got["grads"], ref_compile["grads"])[0] <= TOL
-    assert _worst(got["weights"], ref_compile["weights"], only="lora_")[0] <= TOL
-    assert all(torch.equal(got["weights"][n], w) for n, w in base.items())
-    assert _close(got["losses"], ref_compile["losses"])
+    for stage in (0, 3):
+        got = sp[f"lora_trainer{stage}"]
+        assert _worst(got["weights"], ref_lora["weights"], only="lora_")[0] <= TOL, stage
+        assert all(torch.equal(got["weights"][n], w) for n, w in base.items()), stage
+        got = sp[f"lora_compile{stage}"]
+        trained = sorted(n for n, g in got["grads"].items() if g is not None)
+        assert trained == sorted(ref_compile["grads"]) and all("lora_" in n for n in trained), stage
+        assert _worst(got["grads"], ref_compile["grads"])[0] <= TOL, stage
+        assert _worst(got["weights"], ref_compile["weights"], only="lora_")[0] <= TOL, stage
+        assert all(torch.equal(got["weights"][n], w) for n, w in base.items()), stage
+        assert _close(got["losses"], ref_compile["losses"]), stage
