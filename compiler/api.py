@@ -295,26 +295,14 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
             ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
             when the first batch is packed or the model has sliding-window layers (read from its config).
     """
-    import torch
     import torch.distributed as dist
 
-    if dtype is None:
-        dtype = getattr(getattr(plan, "workload", None), "dtype", None) or "fp32"
-    if dtype not in DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError("autosp.compile needs a torch.nn.Module")
-    from autosp.compiler.windows import layer_windows
-    from autosp.cost_models.architectures import check_config
-
-    check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
-    windows = layer_windows(getattr(model, "config", None))
-
+    dtype, windows = _checked_model(model, plan, dtype)
     import deepspeed
 
     if not dist.is_initialized():
         if dist_backend is None:
-            dist_backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist_backend = _default_dist_backend()
         deepspeed.init_distributed(dist_backend=dist_backend)
     candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
@@ -326,15 +314,66 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
 
     layout = make_layout(candidate)
     config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
-
     if candidate.zero_stage == 3:
-        from autosp.compiler.zero3 import set_leaf_modules
+        _mark_zero3_leaves(model, z3_leaf_modules)
 
-        set_leaf_modules(model, list(z3_leaf_modules) if z3_leaf_modules is not None else _leaf_block_names(model))
-
-    from autosp.compiler.experts import optimizer_param_groups, prepare_experts
+    from autosp.compiler.experts import prepare_experts
 
     moe = prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
+    optimizer, lr_scheduler = _optimizer_and_scheduler(model, candidate, config, optimizer, optim, lr, lr_scheduler)
+    ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, lr_scheduler=lr_scheduler)
+    if ds_engine.dp_world_size != candidate.world_size:
+        raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "
+                         f"{candidate.world_size} (remove sequence_parallel_size / mpu settings)")
+
+    ctx, pad_token_id = attach_sp(ds_engine.module, candidate, layout, grad_world_size=ds_engine.dp_world_size,
+                                  windows=windows, packed=packed, backend=backend, ignore_index=ignore_index,
+                                  pad_token_id=pad_token_id, ds_engine=ds_engine, moe=moe)
+    return SPEngine(ds_engine, layout, ctx, candidate, ignore_index=ignore_index, pad_token_id=pad_token_id,
+                    pad_to_multiple_of=pad_to_multiple_of, dtype=dtype, backend=backend)
+
+
+def _checked_model(model, plan, dtype):
+    """The run's dtype (default the plan's, else fp32) and the model's per-layer attention windows; refuses a
+    dtype, an object or a model architecture that autosp cannot compile."""
+    import torch
+
+    if dtype is None:
+        dtype = getattr(getattr(plan, "workload", None), "dtype", None) or "fp32"
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError("autosp.compile needs a torch.nn.Module")
+    from autosp.compiler.windows import layer_windows
+    from autosp.cost_models.architectures import check_config
+
+    check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
+    return dtype, layer_windows(getattr(model, "config", None))
+
+
+def _default_dist_backend() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _mark_zero3_leaves(model, z3_leaf_modules) -> None:
+    """ZeRO-3: the modules gathered as one unit (default: the children of every ``nn.ModuleList``)."""
+    from autosp.compiler.zero3 import set_leaf_modules
+
+    names = list(z3_leaf_modules) if z3_leaf_modules is not None else _leaf_block_names(model)
+    if names:
+        set_leaf_modules(model, names)  # with the hook that keeps a frozen-input layer's gradients (PEFT)
+
+
+def _optimizer_and_scheduler(model, candidate: Candidate, config: dict, optimizer, optim, lr, lr_scheduler):
+    """The optimizer and LR scheduler to hand DeepSpeed (see :func:`compile_model`'s ``optimizer``, ``optim`` and
+    ``lr_scheduler``); an offloaded optimizer without one of the caller's gets DeepSpeed's CPU AdamW in
+    ``config`` (which this updates in place) on CUDA."""
+    import torch
+
+    from autosp.compiler.experts import optimizer_param_groups
+
     # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
     # (the trainable parameters only: a PEFT (LoRA) model's frozen base weights have no optimizer state)
     params = optimizer_param_groups(model) if candidate.ep > 1 else [p for p in model.parameters() if p.requires_grad]
@@ -359,16 +398,7 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
         optimizer = optimizer(params)
     if offload and optimizer is not None:
         config.setdefault("zero_force_ds_cpu_optimizer", False)  # a torch optimizer steps the host copy
-    ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, lr_scheduler=lr_scheduler)
-    if ds_engine.dp_world_size != candidate.world_size:
-        raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "
-                         f"{candidate.world_size} (remove sequence_parallel_size / mpu settings)")
-
-    ctx, pad_token_id = attach_sp(ds_engine.module, candidate, layout, grad_world_size=ds_engine.dp_world_size,
-                                  windows=windows, packed=packed, backend=backend, ignore_index=ignore_index,
-                                  pad_token_id=pad_token_id, ds_engine=ds_engine, moe=moe)
-    return SPEngine(ds_engine, layout, ctx, candidate, ignore_index=ignore_index, pad_token_id=pad_token_id,
-                    pad_to_multiple_of=pad_to_multiple_of, dtype=dtype, backend=backend)
+    return optimizer, lr_scheduler
 
 
 __all__ = ["attach_sp", "compile_model", "keep_zero3_hooks_eager", "deepspeed_config", "load_plan", "resolve_candidate"]

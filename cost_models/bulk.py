@@ -96,61 +96,105 @@ def _xfer(nbytes, bandwidth: float):
     return np.where(nbytes > 0, nbytes / bandwidth, 0.0)
 
 
-def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict,
-                   profile=None) -> Bulk:
-    """Memory, step time and tokens/s of the candidates ``base`` with each row of ``rows`` (arrays of
-    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks
-    and, for a mixture of experts, ep (``sh.moe``: its expert terms, cost_models/moe.py).
-    The rows must be canonical candidates (as :meth:`SearchSpace.candidates` yields them)."""
-    why = supported(hw)
-    if why:
-        raise ValueError(f"bulk pricing needs positive rates: {why}")
-    if base.world_size > hw.world_size:
-        raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
-    sh = Shapes(model, workload, base, profile)
+@dataclass(frozen=True)
+class _Rows:
+    """A group's row knobs as arrays (:data:`ROW_KNOBS`), with the masks and the distinct values (few per group)
+    that the sections below key their small tables on."""
+
+    zero: np.ndarray
+    opt: np.ndarray                # optimizer offload
+    param: np.ndarray              # parameter offload (only under ZeRO-3)
+    ckpt: np.ndarray               # index into CHECKPOINTING_POLICIES
+    mlp: np.ndarray
+    loss: np.ndarray
+    off_chunks: np.ndarray
+    off_act: np.ndarray
+    overlap: np.ndarray            # index into OVERLAP_SCHEDULES
+    n: int
+    full: np.ndarray               # checkpointing == "full"
+    loss_tiled: np.ndarray
+    mlp_tiled: np.ndarray
+    policies: list
+    mlp_values: list
+    loss_values: list
+    zeros: list
+
+
+def _row_arrays(rows: dict) -> _Rows:
     zero = np.asarray(rows["zero_stage"])
-    opt = np.asarray(rows["offload_optimizer"], dtype=bool)
-    param = np.asarray(rows["offload_param"], dtype=bool) & (zero == 3)
     ckpt = np.asarray(rows["checkpointing"])
     mlp = np.asarray(rows["mlp_chunks"])
     loss = np.asarray(rows["loss_chunks"])
-    off_chunks = np.asarray(rows["offload_chunks"], dtype=bool)
-    off_act = np.asarray(rows["offload_activations"], dtype=bool)
-    overlap = np.asarray(rows["overlap"])
-    n = len(zero)
-    full = ckpt == FULL
-    loss_tiled = loss > 1
-    mlp_tiled = mlp > 1
-    policies = [int(i) for i in np.unique(ckpt)]
-    mlp_values = [int(v) for v in np.unique(mlp)]
-    loss_values = [int(v) for v in np.unique(loss)]
-    zeros = [int(v) for v in np.unique(zero)]
+    return _Rows(zero=zero, opt=np.asarray(rows["offload_optimizer"], dtype=bool),
+                 param=np.asarray(rows["offload_param"], dtype=bool) & (zero == 3), ckpt=ckpt, mlp=mlp, loss=loss,
+                 off_chunks=np.asarray(rows["offload_chunks"], dtype=bool),
+                 off_act=np.asarray(rows["offload_activations"], dtype=bool), overlap=np.asarray(rows["overlap"]),
+                 n=len(zero), full=ckpt == FULL, loss_tiled=loss > 1, mlp_tiled=mlp > 1,
+                 policies=[int(i) for i in np.unique(ckpt)], mlp_values=[int(v) for v in np.unique(mlp)],
+                 loss_values=[int(v) for v in np.unique(loss)], zeros=[int(v) for v in np.unique(zero)])
 
-    # ------------------------------------------------------------------ memory (memory.memory_breakdown)
-    dtype, e, s, L, N = workload.dtype, sh.e, sh.s, sh.L, sh.N
+
+# ---------------------------------------------------------------------- memory (memory.memory_breakdown)
+
+@dataclass(frozen=True)
+class _States:
+    """Model states per GPU, bytes: the dense part's weights (with ZeRO-3's gathered copy), gradients and
+    optimizer states, and a mixture of experts' routed experts apart."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optim: np.ndarray
+    gathered: np.ndarray
+    expert_w: np.ndarray
+    expert_g: np.ndarray
+    expert_o: np.ndarray
+
+
+def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: _Rows) -> _States:
+    dtype = workload.dtype
     nd = base.sp * base.dp
-    psi = sh.n_params
     ms = sh.moe
-    dense_psi = psi - (ms.expert_params if ms else 0)  # routed experts: their own states below
+    zero, opt, param = r.zero, r.opt, r.param
+    dense_psi = sh.n_params - (ms.expert_params if ms else 0)  # routed experts: their own states below
     w_b, g_b, o_b = memory.state_bytes_per_param(dtype)
     params = np.where(zero >= 3, dense_psi * w_b / nd, dense_psi * w_b)
     grads = np.where(zero >= 2, dense_psi * g_b / nd, dense_psi * g_b)
     optim = np.where(zero >= 1, dense_psi * o_b / nd, dense_psi * o_b)
     optim = np.where(opt, 0.0, optim)
     grads = np.where(opt & (zero >= 2), 0.0, grads)
-    gathered_elems = np.where(loss_tiled, memory.zero3_gathered_params(sh, True), memory.zero3_gathered_params(sh, False))
+    gathered_elems = np.where(r.loss_tiled, memory.zero3_gathered_params(sh, True),
+                              memory.zero3_gathered_params(sh, False))
     gathers = (zero >= 3) & ((nd > 1) | param)
     gathered = np.where(gathers, w_b * gathered_elems, 0.0)
     params = np.where(gathers, np.where(param, gathered, params + gathered), params)
-    expert_w = expert_g = expert_o = np.zeros(n)
+    expert_w = expert_g = expert_o = np.zeros(r.n)
     if ms is not None:  # moe.expert_state_bytes per (ZeRO stage, optimizer offload, parameter offload)
         key = (zero * 2 + opt) * 2 + param
         table = {(z * 2 + o) * 2 + q: moe.expert_state_bytes(ms, z, dtype, bool(o), bool(q))
-                 for z in zeros for o in (0, 1) for q in (0, 1)}
+                 for z in r.zeros for o in (0, 1) for q in (0, 1)}
         expert_w, expert_g, expert_o = (_pick(key, {k: v[i] for k, v in table.items()}) for i in range(3))
+    return _States(params=params, grads=grads, optim=optim, gathered=gathered, expert_w=expert_w,
+                   expert_g=expert_g, expert_o=expert_o)
 
+
+@dataclass(frozen=True)
+class _Activations:
+    """Activation bytes per GPU: one layer's saved set, a sequence chunk's saved set, what stays on the GPU
+    through the forward (``kept``) and the backward's peak (``activations``; inf past the host's memory)."""
+
+    per_layer: np.ndarray
+    saved_chunk: float
+    kept: np.ndarray
+    activations: np.ndarray
+
+
+def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: _Rows) -> _Activations:
+    e, s, L, N = sh.e, sh.s, sh.L, sh.N
+    nd = base.sp * base.dp
+    ms = sh.moe
+    ckpt, mlp, off_chunks, off_act = r.ckpt, r.mlp, r.off_chunks, r.off_act
     chunked = N > 1
-    recomputed = full & chunked
+    recomputed = r.full & chunked
     saved_chunk = s * chunks.saved_bytes_per_token(sh)
     final = sh.prof.final
     final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
@@ -161,8 +205,8 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
         experts = 0.0 if chunked else s * moe.kept_bytes_per_token(ms, e, policy)  # router, permutation buffers
         return s * ((attn + mlp_e) * e + memory.layer_extra_bytes(sh, policy, tiled)) + experts
 
-    per_key = ckpt * 2 + mlp_tiled
-    per_layer_table = {p * 2 + t: layer_bytes((p, bool(t))) for p in policies for t in (0, 1)}
+    per_key = ckpt * 2 + r.mlp_tiled
+    per_layer_table = {p * 2 + t: layer_bytes((p, bool(t))) for p in r.policies for t in (0, 1)}
     per_layer = _pick(per_key, per_layer_table)
     if chunked:
         per_layer = np.where(recomputed, per_layer, saved_chunk + s * moe.kept_bytes_per_token(ms, e, "none"))
@@ -173,7 +217,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     host = np.where(offloaded_chunks, L * per_layer + chunk_kv_acc, np.where(off_act, L * per_layer, 0.0))
     if chunked:
         transient = _pick(mlp * 2 + off_chunks, {m * 2 + o: chunks.transient_bytes(sh, m, bool(o))
-                                                 for m in mlp_values for o in (0, 1)})
+                                                 for m in r.mlp_values for o in (0, 1)})
         layer_set = saved_chunk
         extra = np.where(off_chunks, min(chunks.CHUNK_SAVED_BUFFERS, N) * layer_set / N, layer_set)
         transient = np.where(recomputed, transient + extra, transient)
@@ -186,17 +230,25 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
             return max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
 
         tkey = ckpt * 1024 + mlp
-        transient = _pick(tkey, {p * 1024 + m: phases(p * 1024 + m) for p in policies for m in mlp_values})
+        transient = _pick(tkey, {p * 1024 + m: phases(p * 1024 + m) for p in r.policies for m in r.mlp_values})
     activations = kept + transient
-    host_total = host + np.where(opt, 16.0 * psi / nd, 0.0) + np.where(param, e * psi / nd, 0.0)
+    psi = sh.n_params
+    host_total = host + np.where(r.opt, 16.0 * psi / nd, 0.0) + np.where(r.param, e * psi / nd, 0.0)
     over_host = (host_total > 0) & (host_total > memory.host_bytes_available(hw))
     activations = np.where(over_host, np.inf, activations)
+    return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=activations)
 
+
+def _memory_total(sh: Shapes, base: Candidate, r: _Rows, st: _States, act: _Activations) -> np.ndarray:
+    """MemoryBreakdown.total: the larger of the loss phase and the backward phase, plus the reserve."""
+    nd = base.sp * base.dp
+    kept, activations, grads, expert_g = act.kept, act.activations, st.grads, st.expert_g
     a2a = memory.a2a_buffer_bytes(sh)
-    buffers = a2a + _pick(zero, {z: memory.comm_buffer_bytes(sh, _proxy(base, zero_stage=z)) - a2a for z in zeros})
-    loss_tables = {c: memory.loss_phase_bytes(sh, _proxy(base, loss_chunks=c)) for c in loss_values}
-    loss_peak = _pick(loss, {c: v[0] for c, v in loss_tables.items()})
-    logits = _pick(loss, {c: v[1] for c, v in loss_tables.items()})
+    buffers = a2a + _pick(r.zero, {z: memory.comm_buffer_bytes(sh, _proxy(base, zero_stage=z)) - a2a
+                                   for z in r.zeros})
+    loss_tables = {c: memory.loss_phase_bytes(sh, _proxy(base, loss_chunks=c)) for c in r.loss_values}
+    loss_peak = _pick(r.loss, {c: v[0] for c, v in loss_tables.items()})
+    logits = _pick(r.loss, {c: v[1] for c, v in loss_tables.items()})
     loss_phase = kept + loss_peak + a2a
     backward_phase = grads + expert_g + buffers + activations + logits
     in_loss = np.isfinite(activations) & (loss_phase > backward_phase)
@@ -205,16 +257,34 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     activations = np.where(in_loss, kept, activations)
     logits = np.where(in_loss, loss_peak, logits)
     buffers = np.where(in_loss, a2a, buffers)
-    dynamic = activations + logits + buffers + gathered
+    dynamic = activations + logits + buffers + st.gathered
     reserve = memory.CUDA_CONTEXT_BYTES + (memory.NCCL_BYTES if nd > 1 else 0.0) + memory.FRAGMENTATION * dynamic
-    total = params + grads + optim + activations + logits + buffers + reserve + (expert_w + expert_g + expert_o)
+    return (st.params + grads + st.optim + activations + logits + buffers + reserve
+            + (st.expert_w + expert_g + st.expert_o))
 
-    # ------------------------------------------------------------------ time (step_time.step_time_parts)
+
+# ---------------------------------------------------------------------- compute (step_time.step_time_parts)
+
+@dataclass(frozen=True)
+class _Compute:
+    """One micro-batch's compute, seconds, and what the communication terms overlap with or scale by."""
+
+    t_fwd: float
+    t_bwd: float
+    t_recompute: np.ndarray
+    t_att_fwd: float               # attention's forward over all layers
+    mm_rate: float                 # matmul FLOP/s
+    forwards: np.ndarray           # layer forwards recomputed, per row (flops.layer_forwards_recomputed)
+    with_attention: np.ndarray     # whether the recompute runs attention again
+    forwards_table: dict           # policy index -> flops.layer_forwards_recomputed
+
+
+def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows) -> _Compute:
     acc = hw.accelerator
     mm_rate = acc.peak_flops * hw.matmul_efficiency
     att_rate = acc.peak_flops * hw.attention_efficiency
     mem_bw = acc.memory_bandwidth
-    prof = sh.prof
+    prof, ms, L, N = sh.prof, sh.moe, sh.L, sh.N
     t_mm_fwd = (flops.matmul_flops_forward(sh) + moe.imbalance_flops_forward(ms, sh.s)) / mm_rate  # busiest EP rank
     ring_factor = chunks.compute_factor(sh)
     capped_fwd, capped_bwd = softcap.attention_slowdown(model)  # Gemma 2's attention soft-capping
@@ -224,9 +294,9 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     def recompute_key(c, m, l):
         return (c * 2 + m) * 2 + l
 
-    re_key = recompute_key(ckpt, mlp_tiled, loss_tiled)
+    re_key = recompute_key(r.ckpt, r.mlp_tiled, r.loss_tiled)
     re_table, pw_base = {}, None
-    for p in policies:
+    for p in r.policies:
         for m in (0, 1):
             for l in (0, 1):
                 proxy = _proxy(base, checkpointing=CHECKPOINTING_POLICIES[p], mlp_chunks=2 if m else 1,
@@ -240,61 +310,85 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     t_bwd = (prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd * capped_bwd / capped_fwd
              + pw_bwd * t_pw / (1.0 + pw_bwd))
     t_recompute = _pick(re_key, re_table)
-    t_recompute = t_recompute + np.where(mlp_tiled, TILE_OVERHEAD_S * mlp * L * np.where(full, 3, 2), 0.0)
-    t_recompute = t_recompute + np.where(loss_tiled, TILE_OVERHEAD_S * loss * 2, 0.0)
+    t_recompute = t_recompute + np.where(r.mlp_tiled, TILE_OVERHEAD_S * r.mlp * L * np.where(r.full, 3, 2), 0.0)
+    t_recompute = t_recompute + np.where(r.loss_tiled, TILE_OVERHEAD_S * r.loss * 2, 0.0)
     forwards_table = {p: flops.layer_forwards_recomputed(sh, _proxy(base, checkpointing=CHECKPOINTING_POLICIES[p]))
-                      for p in policies}
-    forwards = _pick(ckpt, {p: v[0] for p, v in forwards_table.items()})
-    with_attention = _pick(ckpt, {p: float(v[1]) for p, v in forwards_table.items()}) > 0
-    if chunked:
+                      for p in r.policies}
+    forwards = _pick(r.ckpt, {p: v[0] for p, v in forwards_table.items()})
+    with_attention = _pick(r.ckpt, {p: float(v[1]) for p, v in forwards_table.items()}) > 0
+    if N > 1:
         t_recompute = t_recompute + TILE_OVERHEAD_S * N * L * (2 + forwards)
-    t_micro = t_fwd + t_bwd + t_recompute
+    return _Compute(t_fwd=t_fwd, t_bwd=t_bwd, t_recompute=t_recompute, t_att_fwd=t_att_fwd, mm_rate=mm_rate,
+                    forwards=forwards, with_attention=with_attention, forwards_table=forwards_table)
+
+
+# ---------------------------------------------------------------------- communication and host copies
+
+def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> tuple:
+    """The optimizer step's seconds and the optimizer offload's exposed copy, per step."""
+    nd = base.sp * base.dp
+    psi = sh.n_params
     # without ZeRO a rank steps only its E / ep experts (moe.optimizer_params; the same count from stage 1 on)
-    local_params = np.where((zero >= 1) | opt, psi / nd, moe.optimizer_params(ms, psi, 0))
+    local_params = np.where((r.zero >= 1) | r.opt, psi / nd, moe.optimizer_params(sh.moe, psi, 0))
     opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
     link = hw.host_bandwidth * hw.comm_efficiency
-    shard_copy = comm._xfer(psi / nd * e, link)
-    t_optimizer = np.where(opt, opt_bytes / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node), opt_bytes / mem_bw)
-    optimizer_offload = np.where(opt, np.where(param, 0.0, shard_copy)
-                                 + max(0.0, shard_copy - ZERO_OVERLAP_FRACTION * t_bwd), 0.0)
+    shard_copy = comm._xfer(psi / nd * sh.e, link)
+    t_optimizer = np.where(r.opt, opt_bytes / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node),
+                           opt_bytes / hw.accelerator.memory_bandwidth)
+    optimizer_offload = np.where(r.opt, np.where(r.param, 0.0, shard_copy)
+                                 + max(0.0, shard_copy - ZERO_OVERLAP_FRACTION * c.t_bwd), 0.0)
+    return t_optimizer, optimizer_offload
 
-    # parameter offload (param_offload.fetch_times), the recompute pass only under full
+
+def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+    """Parameter offload's exposed fetches per micro-batch (param_offload.fetch_times), the recompute pass only
+    under full checkpointing."""
+    nd = base.sp * base.dp
+    link = hw.host_bandwidth * hw.comm_efficiency
     per_pass = (sh.e * sh.n_params / nd) / link
     first = (sh.e * max(sh.layer_params, sh.lm_head_params) / nd) / link
 
     def fetch_exposed(compute):
         return first + np.maximum(0.0, per_pass - first - ZERO_OVERLAP_FRACTION * compute)
 
-    param_exposed = np.where(param, fetch_exposed(t_fwd) + fetch_exposed(t_bwd)
-                             + np.where(full, fetch_exposed(t_recompute), 0.0), 0.0)
+    return np.where(r.param, fetch_exposed(c.t_fwd) + fetch_exposed(c.t_bwd)
+                    + np.where(r.full, fetch_exposed(c.t_recompute), 0.0), 0.0)
 
-    # Ulysses all-to-alls
+
+def _attention_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+    """The exposed attention communication per micro-batch: Ulysses all-to-alls, then the ring's exchanges."""
+    L, prof = sh.L, sh.prof
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_a2a = t_q + t_k + t_v + t_o
-    passes = (2 + forwards) if chunked else np.where(full, 3, 2)
-    ring_passes = np.where(with_attention, 3, 2)
-    attention_comm_micro = L * passes * per_a2a
+    passes = (2 + c.forwards) if sh.N > 1 else np.where(r.full, 3, 2)
+    ring_passes = np.where(c.with_attention, 3, 2)
     if per_a2a > 0:
-        t_proj_q = 2.0 * sh.s * sh.qproj_params / mm_rate
+        t_proj_q = 2.0 * sh.s * sh.qproj_params / c.mm_rate
         head_chunks = _head_chunks(sh)
-        att_layer_fwd = t_att_fwd / L
+        att_layer_fwd = c.t_att_fwd / L
         ex_fwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd,
                                              head_chunks) for o in range(len(OVERLAP_SCHEDULES))}
         ex_bwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
                                              prof.attn_bwd_factor * att_layer_fwd, head_chunks)
                   for o in range(len(OVERLAP_SCHEDULES))}
-        exposed_attention_micro = L * (_pick(overlap, ex_fwd) * (passes - 1) + _pick(overlap, ex_bwd))
+        exposed = L * (_pick(r.overlap, ex_fwd) * (passes - 1) + _pick(r.overlap, ex_bwd))
     else:
-        exposed_attention_micro = np.zeros(n)
-
-    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, base, sh, t_att_fwd / L,
+        exposed = np.zeros(r.n)
+    ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, base, sh, c.t_att_fwd / L,
                                                                                prof.attn_bwd_factor)
-    ring_micro = L * (ring_fwd * (ring_passes - 1) + ring_bwd)
-    exposed_attention_micro = exposed_attention_micro + L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
+    return exposed + L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
 
-    # activation and sequence-chunk offload
-    t_fwd_layer = t_fwd / L
-    t_bwd_layer = (t_bwd + t_recompute) / L
+
+def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Compute,
+                                act: _Activations) -> np.ndarray:
+    """Activation and sequence-chunk offload's exposed copies per micro-batch."""
+    e, L, N, n = sh.e, sh.L, sh.N, r.n
+    chunked = N > 1
+    recomputed = r.full & chunked
+    per_layer, saved_chunk = act.per_layer, act.saved_chunk
+    link = hw.host_bandwidth * hw.comm_efficiency
+    t_fwd_layer = c.t_fwd / L
+    t_bwd_layer = (c.t_bwd + c.t_recompute) / L
     offload_micro = np.zeros(n)
     if chunked:
         dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
@@ -315,32 +409,61 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
         t_b = seconds(bwd_h2d, bwd_d2h)
         first_chunk = seconds(layer_set_off / N, np.zeros(n))
         exposed_chunk = np.maximum(0.0, t_f - t_fwd_layer) + np.maximum(0.0, t_b - t_bwd_layer) + first_chunk
-        offload_micro = np.where(off_chunks, L * exposed_chunk, 0.0)
-    act_offload = off_act & (recomputed if chunked else True) & (per_layer > 0)
+        offload_micro = np.where(r.off_chunks, L * exposed_chunk, 0.0)
+    act_offload = r.off_act & (recomputed if chunked else True) & (per_layer > 0)
     t_copy = _xfer(per_layer, link)
-    offload_micro = offload_micro + np.where(act_offload, L * (np.maximum(0.0, t_copy - t_fwd_layer)
-                                                               + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
+    return offload_micro + np.where(act_offload, L * (np.maximum(0.0, t_copy - t_fwd_layer)
+                                                      + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
 
-    # mixture of experts: dispatch and combine all-to-alls per (policy, MLP tiles)
-    expert_micro = np.zeros(n)
-    if ms is not None and ms.ep > 1:
-        expert_table = {p * 1024 + m: comm.expert_all_to_all_time(hw, ms, sh.s, e, forwards_table[p][0], m)
-                        for p in policies for m in mlp_values}
-        expert_micro = _pick(ckpt * 1024 + mlp, expert_table)
 
-    # ZeRO (a mixture of experts' routed experts over their own group: step_time._zero_times)
-    zero_tables = {z: _zero_times(hw, _proxy(base, zero_stage=z), sh, psi) for z in zeros}
-    z_step, z_fwd, z_bwd, z_exposed = (_pick(zero, {z: v[i] for z, v in zero_tables.items()}) for i in range(4))
+def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Compute) -> np.ndarray:
+    """A mixture of experts' dispatch and combine all-to-alls per micro-batch, per (policy, MLP tiles)."""
+    ms = sh.moe
+    if ms is None or ms.ep <= 1:
+        return np.zeros(r.n)
+    expert_table = {p * 1024 + m: comm.expert_all_to_all_time(hw, ms, sh.s, sh.e, c.forwards_table[p][0], m)
+                    for p in r.policies for m in r.mlp_values}
+    return _pick(r.ckpt * 1024 + r.mlp, expert_table)
+
+
+def _zero_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+    """ZeRO's exposed collectives per step (a mixture of experts' routed experts over their own group:
+    step_time._zero_times)."""
+    zero_tables = {z: _zero_times(hw, _proxy(base, zero_stage=z), sh, sh.n_params) for z in r.zeros}
+    z_step, z_fwd, z_bwd, z_exposed = (_pick(r.zero, {z: v[i] for z, v in zero_tables.items()}) for i in range(4))
     ga = base.grad_accum
-    zero_exposed = z_exposed + np.where((z_fwd != 0) | (z_bwd != 0),
-                                        ga * (np.maximum(0.0, z_fwd - ZERO_OVERLAP_FRACTION * t_fwd)
-                                              + np.maximum(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (t_bwd + t_recompute))),
-                                        0.0)
-    zero_exposed = zero_exposed + np.where(zero == 3, ga * z_fwd / L, 0.0)
+    exposed = z_exposed + np.where((z_fwd != 0) | (z_bwd != 0),
+                                   ga * (np.maximum(0.0, z_fwd - ZERO_OVERLAP_FRACTION * c.t_fwd)
+                                         + np.maximum(0.0, z_bwd - ZERO_OVERLAP_FRACTION * (c.t_bwd + c.t_recompute))),
+                                   0.0)
+    return exposed + np.where(r.zero == 3, ga * z_fwd / sh.L, 0.0)
 
-    compute = ga * t_micro + t_optimizer
-    exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
-    offload = ga * (offload_micro + param_exposed) + optimizer_offload
+
+def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict,
+                   profile=None) -> Bulk:
+    """Memory, step time and tokens/s of the candidates ``base`` with each row of ``rows`` (arrays of
+    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks
+    and, for a mixture of experts, ep (``sh.moe``: its expert terms, cost_models/moe.py).
+    The rows must be canonical candidates (as :meth:`SearchSpace.candidates` yields them)."""
+    why = supported(hw)
+    if why:
+        raise ValueError(f"bulk pricing needs positive rates: {why}")
+    if base.world_size > hw.world_size:
+        raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
+    sh = Shapes(model, workload, base, profile)
+    r = _row_arrays(rows)
+    states = _model_states(sh, workload, base, r)
+    act = _activation_bytes(sh, hw, base, r)
+    total = _memory_total(sh, base, r, states, act)
+
+    c = _compute_times(model, hw, sh, base, r)
+    t_optimizer, optimizer_offload = _optimizer_times(hw, sh, base, r, c)
+    ga = base.grad_accum
+    compute = ga * (c.t_fwd + c.t_bwd + c.t_recompute) + t_optimizer
+    exposed = ga * (_attention_exposed(hw, sh, base, r, c) + _expert_exposed(hw, sh, r, c)) \
+        + _zero_exposed(hw, sh, base, r, c)
+    offload = ga * (_activation_offload_exposed(hw, sh, r, c, act) + _param_fetch_exposed(hw, sh, base, r, c)) \
+        + optimizer_offload
     step = compute + exposed + offload
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)

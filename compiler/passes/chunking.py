@@ -139,19 +139,20 @@ def _attention_args(node: fx.Node):
             args["softcap"])
 
 
-def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, key_of) -> None:
-    from autosp.compiler.chunked_layer import CHUNKED_LAYER, LayerProgram, attend, register
-
-    graph = gm.graph
-    inside = set(region)
-    s = ctx.local_len
-    attention = [n for n in region if n in set(_attention_nodes(graph))]
+def _the_attention(graph: fx.Graph, ctx: SPContext, region: list) -> fx.Node:
+    """The layer's one attention op (a chunked layer runs exactly one, over the chunks' K/V)."""
+    all_attention = set(_attention_nodes(graph))
+    attention = [n for n in region if n in all_attention]
     if len(attention) != 1:
         fail(f"sequence_chunks={ctx.candidate.sequence_chunks}: a decoder layer has {len(attention)} attention ops; chunked "
              f"layers need exactly one (overlap=head_pipeline splits it: use overlap none or kv_async)", region[0])
-    attn = attention[0]
-    q, k, v, scale, returns_lse, rule, window, softcap = _attention_args(attn)
+    return attention[0]
 
+
+def _layer_inputs(region: list, params: set, s: int, attn: fx.Node) -> tuple:
+    """The nodes outside the region that it reads, in first-read order, and the same sorted into token-wise
+    inputs (with the dim their sequence is at, counted from the front), constants and parameters."""
+    inside = set(region)
     external: list = []
     for node in region:
         for parent in node.all_input_nodes:
@@ -176,7 +177,12 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
             consts.append(node)
     if not chunked:
         fail("sequence_chunks: a decoder layer without a token-wise input", attn)
+    return external, chunked, consts, weights, chunk_dims
 
+
+def _layer_outputs(region: list, s: int) -> tuple[list, list]:
+    """The region's nodes used after it (each must be token-wise) and their (shape, dtype, sequence dim)."""
+    inside = set(region)
     outputs, out_specs = [], []
     for node in region:
         if any(user not in inside for user in node.users):
@@ -186,7 +192,11 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
                      f"token-wise tensor; re-plan with sequence_chunks=1", node)
             outputs.append(node)
             out_specs.append((tuple(value.shape), value.dtype, value.dim() - 2))
+    return outputs, out_specs
 
+
+def _size_positions(region: list, s: int) -> dict:
+    """For each node of the region that takes sizes: the positions of its size arguments that are the sequence."""
     positions = {}
     for node in region:
         if _sized(node):
@@ -197,42 +207,44 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
                 fail(f"sequence_chunks: {node.format_node()} has several sizes equal to the local length {s} and "
                      f"which one is the sequence cannot be told; pad the sequence to another length "
                      f"(pad_to_multiple_of) or re-plan with sequence_chunks=1", node)
+    return positions
 
-    def program_for(length: int) -> fx.GraphModule:
-        """The region over a chunk of ``length`` tokens: every size argument equal to s becomes ``length``."""
-        sub = fx.Graph()
-        env = {}
-        for node in (*chunked, *consts, *weights):
-            env[node] = sub.placeholder(node.name)
-        for node in region:
-            if node is attn:
-                env[node] = sub.call_function(attend, (env[q], env[k], env[v]))
-                continue
-            copy = sub.node_copy(node, lambda n: env[n])
-            if positions.get(node) and length != s:
-                _resize(copy, positions[node], length)
-            env[node] = copy
-        sub.output(tuple(env[n] for n in outputs))
-        return fx.GraphModule(gm, sub)
 
-    from autosp.compiler.attention.layout import chunk_sizes
+def _region_program(gm: fx.GraphModule, region: list, inputs: tuple, attn: fx.Node, qkv: tuple, outputs: list,
+                    positions: dict, s: int, length: int) -> fx.GraphModule:
+    """The region over a chunk of ``length`` tokens: every size argument equal to s becomes ``length``."""
+    from autosp.compiler.chunked_layer import attend
 
-    program = LayerProgram(
-        graph={length: program_for(length) for length in set(chunk_sizes(s, ctx.candidate.sequence_chunks))},
-        chunk_dims=chunk_dims, outputs=out_specs,
-        q_shape=tuple(example(q).shape), k_shape=tuple(example(k).shape), v_shape=tuple(example(v).shape),
-        dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=ctx.candidate.sequence_chunks,
-        offload=ctx.candidate.offload_chunks, global_len=ctx.global_len, ulysses=ctx.candidate.ulysses, ring=ctx.candidate.ring,
-        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window, softcap=softcap)
-    key = register(program)
+    q, k, v = qkv
+    sub = fx.Graph()
+    env = {}
+    for node in inputs:
+        env[node] = sub.placeholder(node.name)
+    for node in region:
+        if node is attn:
+            env[node] = sub.call_function(attend, (env[q], env[k], env[v]))
+            continue
+        copy = sub.node_copy(node, lambda n: env[n])
+        if positions.get(node) and length != s:
+            _resize(copy, positions[node], length)
+        env[node] = copy
+    sub.output(tuple(env[n] for n in outputs))
+    return fx.GraphModule(gm, sub)
 
+
+def _replace_region(graph: fx.Graph, region: list, external: list, outputs: list, args: tuple, attn: fx.Node) -> None:
+    """One chunked-layer node (after the region's last input) in place of the region; its outputs' users read
+    the node's items instead."""
+    from autosp.compiler.chunked_layer import CHUNKED_LAYER
+
+    inside = set(region)
     order = {n: i for i, n in enumerate(graph.nodes)}
     last_input = max(external, key=order.get)
     first_use = min((u for n in outputs for u in n.users if u not in inside), key=order.get)
     if order[last_input] > order[first_use]:
         fail("sequence_chunks: a decoder layer's output is used before all of its inputs exist", attn)
     with graph.inserting_after(last_input):
-        node = graph.call_function(CHUNKED_LAYER, (chunked, consts, weights, key))
+        node = graph.call_function(CHUNKED_LAYER, args)
     node.meta.update({k: v for k, v in attn.meta.items() if k in ("nn_module_stack", "stack_trace", "source_fn_stack")})
     anchor = node
     for index, out in enumerate(outputs):
@@ -244,8 +256,32 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
         out.replace_all_uses_with(item, delete_user_cb=lambda user: user not in inside)
     for dead in reversed(region):
         graph.erase_node(dead)
+
+
+def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, key_of) -> None:
+    from autosp.compiler.attention.layout import chunk_sizes
+    from autosp.compiler.chunked_layer import LayerProgram, register
+
+    s = ctx.local_len
+    attn = _the_attention(gm.graph, ctx, region)
+    q, k, v, scale, returns_lse, rule, window, softcap = _attention_args(attn)
+    external, chunked, consts, weights, chunk_dims = _layer_inputs(region, params, s, attn)
+    outputs, out_specs = _layer_outputs(region, s)
+    positions = _size_positions(region, s)
+    cand = ctx.candidate
+    program = LayerProgram(
+        graph={length: _region_program(gm, region, (*chunked, *consts, *weights), attn, (q, k, v), outputs,
+                                       positions, s, length)
+               for length in set(chunk_sizes(s, cand.sequence_chunks))},
+        chunk_dims=chunk_dims, outputs=out_specs,
+        q_shape=tuple(example(q).shape), k_shape=tuple(example(k).shape), v_shape=tuple(example(v).shape),
+        dtype=example(q).dtype, kv_dtype=example(k).dtype, scale=scale, chunks=cand.sequence_chunks,
+        offload=cand.offload_chunks, global_len=ctx.global_len, ulysses=cand.ulysses, ring=cand.ring,
+        ring_group=ctx.ring_group, returns_lse=returns_lse, local_len=s, rule=rule, window=window, softcap=softcap)
+    key = register(program)
+    _replace_region(gm.graph, region, external, outputs, (chunked, consts, weights, key), attn)
     ctx.stats.notes.append(f"chunked layer {key_of}: {len(chunked)} chunked input(s), {len(weights)} parameter(s), "
-                           f"{ctx.candidate.sequence_chunks} chunks")
+                           f"{cand.sequence_chunks} chunks")
 
 
 def _propagate_shapes(gm: fx.GraphModule, example_inputs) -> None:

@@ -116,6 +116,61 @@ def _attention_kernels(timeout: float = 240.0) -> list[str]:
     return out.stdout.strip().splitlines()
 
 
+def _split_by_fit(selected, configs, hw, gpu) -> tuple[list, list]:
+    """The rows predicted to fit the device, with their configs, and the others, each with the reason."""
+    runnable, skipped = [], []
+    for r, cfg in zip(selected, configs):
+        why = _fit_problem(cfg, hw, gpu[1] if gpu else None)
+        if why is None:
+            runnable.append((r, cfg))
+        else:
+            skipped.append({"name": r.name, "seq_len": cfg.seq_len, "knobs": r.knob_dict(), "reason": why})
+    return runnable, skipped
+
+
+def _title(model, hw, gpu, dry_run: bool, backend: str, time_budget: float) -> str:
+    mode = "CPU dry run" if dry_run else f"GPU: {gpu[0]}"
+    n = model.n_params()
+    size = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+    return (f"autosp GPU check ({mode}); model {model.name} ({size} params), bf16, SP=1, "
+            f"backend {backend}; predicted with {hw.name}; budget {time_budget:.0f} s")
+
+
+def _attention_lines(dry_run: bool) -> list[str]:
+    if dry_run:  # no CUDA here: nothing to select, and no CUDA context to keep out of this process
+        from studies.gpu_check.attention import probe_lines
+
+        return probe_lines()
+    return _attention_kernels()
+
+
+def _start_cpu_adam_build(opts: CheckOptions, runnable, dry_run: bool):
+    """On a GPU with an offloaded-optimizer row: DeepSpeed's CPU Adam built in the background while the other
+    rows run; returns (the rows' prepare hook, the build's process), or (None, None)."""
+    if dry_run or not any(cfg.offload_optimizer for _, cfg in runnable):
+        return None, None
+    from studies.gpu_check import cpu_adam
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    status_path = str(opts.out / "cpu_adam_build.json")
+    if os.path.exists(status_path):
+        os.remove(status_path)
+    builder = cpu_adam.start_build(status_path, str(opts.out / "cpu_adam_build.log"))
+    return functools.partial(cpu_adam.require_cpu_adam, status_path), builder
+
+
+def _finish_cpu_adam_build(builder, opts: CheckOptions, summary: dict, say) -> None:
+    """Stops the background build if it still runs and records how it ended."""
+    if builder.poll() is None:
+        builder.kill()  # the build this check started, by its own handle
+    builder.wait()
+    from studies.gpu_check import cpu_adam
+
+    built = summary["cpu_adam_build"] = cpu_adam.status(str(opts.out / "cpu_adam_build.json"))
+    say("DeepSpeed CPU Adam build (background): " + ("unfinished, stopped" if built is None else
+        f"{'ok' if built['ok'] else 'failed'} in {built['seconds']:.0f} s {built['error']}".rstrip()))
+
+
 def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     """Run the check; returns the exit status (0: every row that ran is ok, 1: some row failed)."""
     from autosp.cost_models.catalog.hardware import resolve_hardware
@@ -138,30 +193,13 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
     backend = opts.backend or ("aot_eager" if dry_run else "inductor")
     min_row = opts.min_row_seconds if opts.min_row_seconds is not None else (3.0 if dry_run else 45.0)
     opts = dataclasses.replace(opts, dry_run=dry_run, steps=opts.steps or (1 if dry_run else 3))
-    configs = _configs(opts, selected, model, backend)
+    runnable, skipped = _split_by_fit(selected, _configs(opts, selected, model, backend), hw, gpu)
 
-    runnable, skipped = [], []
-    for r, cfg in zip(selected, configs):
-        why = _fit_problem(cfg, hw, gpu[1] if gpu else None)
-        if why is None:
-            runnable.append((r, cfg))
-        else:
-            skipped.append({"name": r.name, "seq_len": cfg.seq_len, "knobs": r.knob_dict(), "reason": why})
-
-    mode = "CPU dry run" if dry_run else f"GPU: {gpu[0]}"
-    n = model.n_params()
-    size = f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
-    title = (f"autosp GPU check ({mode}); model {model.name} ({size} params), bf16, SP=1, "
-             f"backend {backend}; predicted with {hw.name}; budget {opts.time_budget:.0f} s")
+    title = _title(model, hw, gpu, dry_run, backend, opts.time_budget)
     say(title)
     if dry_run:
         say("(dry run: tiny sizes test the code path end to end; its ratios say nothing about a GPU)")
-    if dry_run:  # no CUDA here: nothing to select, and no CUDA context to keep out of this process
-        from studies.gpu_check.attention import probe_lines
-
-        attention_lines = probe_lines()
-    else:
-        attention_lines = _attention_kernels()
+    attention_lines = _attention_lines(dry_run)
     for line in attention_lines:
         say(line)
     for s in skipped:
@@ -196,16 +234,7 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
         say(report.format_line(e, unit))
         write()
 
-    prepare, builder = None, None
-    if not dry_run and any(cfg.offload_optimizer for _, cfg in runnable):
-        from studies.gpu_check import cpu_adam
-
-        opts.out.mkdir(parents=True, exist_ok=True)
-        status_path = str(opts.out / "cpu_adam_build.json")
-        if os.path.exists(status_path):
-            os.remove(status_path)
-        builder = cpu_adam.start_build(status_path, str(opts.out / "cpu_adam_build.log"))
-        prepare = functools.partial(cpu_adam.require_cpu_adam, status_path)
+    prepare, builder = _start_cpu_adam_build(opts, runnable, dry_run)
     write()
     results = []
     try:
@@ -217,14 +246,7 @@ def run_check(opts: CheckOptions, stream=sys.stdout) -> int:
         say(f"the measuring rank failed: {summary['failure']}")
     finally:
         if builder is not None:
-            if builder.poll() is None:
-                builder.kill()  # the build this check started, by its own handle
-            builder.wait()
-            from studies.gpu_check import cpu_adam
-
-            built = summary["cpu_adam_build"] = cpu_adam.status(str(opts.out / "cpu_adam_build.json"))
-            say("DeepSpeed CPU Adam build (background): " + ("unfinished, stopped" if built is None else
-                f"{'ok' if built['ok'] else 'failed'} in {built['seconds']:.0f} s {built['error']}".rstrip()))
+            _finish_cpu_adam_build(builder, opts, summary, say)
     for (r, _), harness_row in zip(runnable, results):
         if harness_row["status"] == "not_run":
             e = report.entry(r, harness_row)

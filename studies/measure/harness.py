@@ -178,14 +178,79 @@ def _build_model(cfg: RunConfig, device):
         return Llama(cfg.model)
 
 
-def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
+def _batch(cfg: RunConfig):
+    """The row's fixed batch (every rank passes the full dp x micro_batch sequences): ids, labels and the extra
+    engine inputs (packed documents' position_ids)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, cfg.model.vocab, (cfg.dp * cfg.micro_batch, cfg.seq_len), generator=gen)
+    labels = ids.clone()
+    extra = {}
+    if cfg.doc_lens:
+        labels, extra["position_ids"] = cfg.packed_inputs(ids)
+    return ids, labels, extra
+
+
+def _timed_steps(step, steps: int, rank: int, cuda: bool, device) -> dict:
+    """``steps`` optimizer steps, each between barriers: their seconds on this rank, this process's CPU
+    seconds, the wall time, and the machine's CPU counters and load around them (for the contention note)."""
     import torch
     import torch.distributed as dist
+
+    from studies.measure import memory
+
+    rank_times, own = [], 0.0
+    stat0 = _proc_stat() if rank == 0 else None
+    load0 = os.getloadavg()[0]
+    wall0 = time.perf_counter()
+    for _ in range(steps):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize(device)
+        c0, ts = memory.cpu_seconds(), time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        rank_times.append(time.perf_counter() - ts)
+        own += memory.cpu_seconds() - c0
+    dist.barrier()
+    wall = time.perf_counter() - wall0
+    stat1 = _proc_stat() if rank == 0 else None
+    load1 = os.getloadavg()[0]
+    return {"step_times": rank_times, "own_cpu_seconds": own, "wall": wall, "stat": (stat0, stat1),
+            "load1": (load0, load1)}
+
+
+def _memory_entry(census: dict, dyn: dict, resident: dict, cuda: bool, leftover) -> dict:
+    """A rank's memory figures: the static census, the attributed dynamic peak, the allocated peak and, on a
+    CPU, the process's resident high-water mark."""
+    if cuda:  # the allocator's own high-water mark of the measured step (it sees every device allocation)
+        allocated_peak = dyn["cuda"]["max_allocated"] - leftover
+    else:
+        allocated_peak = census["total"] + dyn["peak"]
+    mem = {"static": census, "saved": dyn["saved"], "dynamic_peak": dyn["peak"], "dynamic_end": dyn["end"],
+           "dynamic_at_peak": dyn.get("at_peak"),
+           "other_largest_blocks": dyn.get("other_largest_blocks"), "peak_at": dyn.get("peak_at_fraction_of_step"), "dynamic_method": dyn["method"], "allocated_peak": allocated_peak}
+    if cuda:
+        mem["cuda"] = {**dyn["cuda"], "leftover_before_row": leftover}
+    if resident:
+        mem["resident_hwm"] = resident["hwm"]
+        mem["rss_step_start"] = resident["rss_start"]
+        mem["heap_in_use_step_start"] = resident["heap_in_use_start"]
+        if resident["hwm"] is not None:
+            mem["runtime_overhead"] = resident["hwm"] - allocated_peak
+    return mem
+
+
+def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
+    import torch
 
     import autosp
     from studies.measure import memory
 
     cuda = device.type == "cuda"
+    leftover = None
     if cuda:  # what an earlier row left allocated (normally ~0) is not this row's
         torch.cuda.synchronize(device)
         leftover = torch.cuda.memory_allocated(device)
@@ -195,12 +260,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     t0 = time.perf_counter()
     engine = autosp.compile(model, plan=plan, backend=cfg.backend, dtype=cfg.dtype)
     del model
-    gen = torch.Generator().manual_seed(1234)
-    ids = torch.randint(0, cfg.model.vocab, (cfg.dp * cfg.micro_batch, cfg.seq_len), generator=gen)
-    labels = ids.clone()
-    extra = {}
-    if cfg.doc_lens:
-        labels, extra["position_ids"] = cfg.packed_inputs(ids)
+    ids, labels, extra = _batch(cfg)
 
     def micro(hooks=None):
         if hooks is None:
@@ -238,44 +298,10 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
         micro()
     gc.collect()
     resident = memory.resident_peak(step) if not cuda else {}
-
-    # timed steps
-    rank_times, own = [], 0.0
-    stat0 = _proc_stat() if rank == 0 else None
-    load0 = os.getloadavg()[0]
-    wall0 = time.perf_counter()
-    for _ in range(cfg.steps):
-        dist.barrier()
-        if cuda:
-            torch.cuda.synchronize(device)
-        c0, ts = memory.cpu_seconds(), time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize(device)
-        rank_times.append(time.perf_counter() - ts)
-        own += memory.cpu_seconds() - c0
-    dist.barrier()
-    wall = time.perf_counter() - wall0
-    stat1 = _proc_stat() if rank == 0 else None
-    load1 = os.getloadavg()[0]
-
-    if cuda:  # the allocator's own high-water mark of the measured step (it sees every device allocation)
-        allocated_peak = dyn["cuda"]["max_allocated"] - leftover
-    else:
-        allocated_peak = census["total"] + dyn["peak"]
-    mem = {"static": census, "saved": dyn["saved"], "dynamic_peak": dyn["peak"], "dynamic_end": dyn["end"],
-           "dynamic_at_peak": dyn.get("at_peak"),
-           "other_largest_blocks": dyn.get("other_largest_blocks"), "peak_at": dyn.get("peak_at_fraction_of_step"), "dynamic_method": dyn["method"], "allocated_peak": allocated_peak}
-    if cuda:
-        mem["cuda"] = {**dyn["cuda"], "leftover_before_row": leftover}
-    if resident:
-        mem["resident_hwm"] = resident["hwm"]
-        mem["rss_step_start"] = resident["rss_start"]
-        mem["heap_in_use_step_start"] = resident["heap_in_use_start"]
-        if resident["hwm"] is not None:
-            mem["runtime_overhead"] = resident["hwm"] - allocated_peak
-    per_rank = {"rank": rank, "memory": mem, "step_times": rank_times, "own_cpu_seconds": own, "wall": wall,
-                "stat": (stat0, stat1), "load1": (load0, load1), "compile_times": compile_times,
+    timed = _timed_steps(step, cfg.steps, rank, cuda, device)
+    per_rank = {"rank": rank, "memory": _memory_entry(census, dyn, resident, cuda, leftover),
+                "step_times": timed["step_times"], "own_cpu_seconds": timed["own_cpu_seconds"],
+                "wall": timed["wall"], "stat": timed["stat"], "load1": timed["load1"], "compile_times": compile_times,
                 "setup_seconds": setup_seconds,
                 "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
     del engine
