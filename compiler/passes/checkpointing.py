@@ -326,8 +326,8 @@ class SPPartitioner(_PartitionerBase):
                  static_lifetime_input_indices=None, compiler: str = "inductor", **kwargs):
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-        policy = getattr(self.ctx, "checkpointing", "none")
-        offload = bool(getattr(self.ctx, "offload_activations", False))
+        policy = self.ctx.candidate.checkpointing
+        offload = bool(self.ctx.candidate.offload_activations)
         layers = tag_joint_graph(joint.graph, policy, fragments=self.ctx.fragments)
         n_layers = max(layers.values()) + 1 if layers else 0
         primals = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]

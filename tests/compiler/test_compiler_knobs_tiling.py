@@ -282,8 +282,8 @@ def test_loss_tiling_pass_fuses_head_and_loss_and_drops_the_logits(name):
     gm.graph.lint()
     fused = calls(gm, TILED_LOSS)
     assert len(fused) == 1 and ctx.stats.losses_tiled == 1
-    hidden, weight, bias, target, ignore_index, upcast, chunks = fused[0].args
-    assert (ignore_index, upcast, chunks, bias) == (-100, True, 4, None)
+    hidden, weight, bias, target, ignore_index, upcast, chunks, softcap = fused[0].args
+    assert (ignore_index, upcast, chunks, bias, softcap) == (-100, True, 4, None, 0.0)  # no final-logit cap
     assert weight.op == "placeholder"
     if name == "reference_tied":
         assert "embed_tokens" in weight.name  # the LM head's weight is the input embedding
