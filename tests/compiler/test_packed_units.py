@@ -133,6 +133,30 @@ def test_span_kernels_equal_per_document_attention(window):
         assert (got - want).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_span_attention_under_autocast_follows_sdpas_dtype_rule(compiled):
+    """Hugging Face's rotary embeddings leave q and k in fp32 and v in bf16 under CPU autocast: SDPA runs in bf16,
+    and so must the op that replaces it (before the autocast rule: "expected scalar type Float but found BFloat16")."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, 2, 12, 8, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 2, 12, 8).bfloat16().requires_grad_()
+
+    def op(q, k, v):
+        return span_attention(q, k, v, None, "", 0)[0]
+
+    run = torch.compile(op, backend="aot_eager", fullgraph=True) if compiled else op
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(q, k, v)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert (out.float() - ref.float()).abs().max() <= 1e-2
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    want = torch.autograd.grad(ref.float().sum(), (q, k, v))
+    assert [g.dtype for g in grads] == [torch.float32, torch.float32, torch.bfloat16]  # the inputs' own dtypes
+    for got, expected in zip(grads, want):
+        assert (got.float() - expected.float()).abs().max() <= 5e-2
+
+
 def test_shard_batch_finds_packed_documents():
     ids = torch.arange(10).reshape(1, 10)
     pos = torch.tensor([[0, 1, 2, 0, 0, 1, 2, 3, 0, 1]])
