@@ -235,13 +235,21 @@ class _Configured(torch.nn.Module):
     (dict(model_type="gemma3"), "vision-language"),
     (dict(model_type="my_vlm", vision_config={}), "vision-language"),
 ])
-def test_compile_refuses_architectures_before_building_anything(config, words):
+def test_compile_refuses_architectures_before_building_anything(config, words, monkeypatch):
     from types import SimpleNamespace
+
+    import deepspeed
 
     from autosp.compiler.api import compile_model
     from autosp.errors import UsageError
 
-    with pytest.raises(UsageError) as err:  # before torch.distributed or DeepSpeed: none is initialised here
+    def built(*args, **kwargs):
+        raise AssertionError("a process group or a DeepSpeed engine was built before the refusal")
+
+    # before torch.distributed or DeepSpeed: whatever earlier tests left initialised, nothing is built now
+    for module, name in ((deepspeed, "init_distributed"), (deepspeed, "initialize"),
+                         (torch.distributed, "init_process_group")):
+        monkeypatch.setattr(module, name, built)
+    with pytest.raises(UsageError) as err:
         compile_model(_Configured(SimpleNamespace(**config)), sp_size=1)
     assert words in str(err.value) and "\n" not in str(err.value)
-    assert not torch.distributed.is_initialized()
