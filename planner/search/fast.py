@@ -13,6 +13,10 @@ by ``studies/sweep_quality.py``):
   share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
   stage (and the highest below 3, where a tied model may tile its loss), with each offload on or off.
 
+Where the bulk cost model prices the space (every catalogued cluster), ``throughput`` runs in bulk
+(:mod:`autosp.planner.search.fast_bulk`): the same bounds, every family completed exactly by one bulk call per
+shape group instead of the greedy walk below, which remains the search elsewhere.
+
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
 families are completed (:func:`~autosp.planner.search.moves.complete`: the greedy dial walk) best bound first,
 a family none of whose leanest points fits is skipped (memory-only calls), and the sweep stops when the best

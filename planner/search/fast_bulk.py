@@ -177,6 +177,7 @@ class _Search:
         self.queue: list = []  # heap of (-bound, order, cell key, structure, first)
         self.offered: set = set()
         self.bound_evaluations = 0
+        self.deferred: dict[tuple, list] = {}  # structure -> its first cells whose chunked cells wait
         self.first_structures: list = []  # (sp, ring, overlap) of every layout's first structure
         self.reached: dict[tuple, tuple] = {}  # cell key -> the (sp, ring, micro-batch, overlap) structure it was reached by
         self.order = 0
@@ -219,6 +220,12 @@ class _Search:
             self.best = (float(cell.tps[row]), cell, row)
         if not first or len(self.cells.per(*structure[:2])["sequence_chunks"]) == 1:
             return
+        if structure in self.deferred:  # a layout's micro-batch step: its chunked cells only if the step helps
+            self.deferred[structure].append(cell)
+            return
+        self._chunked_of(cell, structure)
+
+    def _chunked_of(self, cell: Cell, structure: tuple) -> None:
         # the chunked cells of the structure: a family whose fastest point fits is done; the others bound them by
         # that point (checkpointing none or full: a chunked layer admits no other policy)
         fastest, fitting = cell.family_stats
@@ -251,7 +258,9 @@ class _Search:
     def layouts_climb(self) -> None:
         """Every layout's micro-batch at its first overlap schedule, one step up at a time while that improves the
         layout's best and its first cell can still win (:meth:`Cells.cap`): a layout that loses at the first
-        micro-batch may win at a larger one (the light climb moves the winner's only)."""
+        micro-batch may win at a larger one (the light climb moves the winner's only). A step's sequence-chunked
+        cells are priced only once its first cell has improved the layout (a larger micro-batch needs more memory:
+        where the smaller one needed chunks to fit, the step rarely helps)."""
         for sp, ring, overlap in self.first_structures:
             per = self.cells.per(sp, ring)
             seq = per["sequence_chunks"][0]
@@ -260,12 +269,17 @@ class _Search:
                 caps = [self.cells.cap(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)) for ep in per["ep"]]
                 if max(caps) <= self.best[0]:
                     break
-                self.offer(sp, ring, micro, overlap)
+                structure = (sp, ring, micro, overlap)
+                self.deferred[structure] = []
+                self.offer(*structure)
                 self.drain()
                 now = self.layout_best(sp, ring)
                 if now <= top:
                     break
                 top = now
+                for cell in self.deferred.pop(structure):  # the step helps: its chunked cells may help more
+                    self._chunked_of(cell, structure)
+                self.drain()
 
     def layout_best(self, sp: int, ring: int) -> float:
         """The fastest fitting point of a layout priced so far, tokens/s (-inf where none)."""
@@ -284,11 +298,12 @@ class _Search:
             per = self.cells.per(sp, ring)
             micros = per["micro_batch"]
             i = micros.index(micro)
-            for m in micros[max(0, i - 1):i + 2]:
-                self.offer(sp, ring, m, overlap)
-            for o in per["overlap"]:
-                if not (o == "none" and "kv_async" in per["overlap"]):
-                    self.offer(sp, ring, micro, o)
+            moves = [(m, overlap) for m in micros[max(0, i - 1):i + 2]]
+            moves += [(micro, o) for o in per["overlap"] if not (o == "none" and "kv_async" in per["overlap"])]
+            for m, o in moves:
+                self.offer(sp, ring, m, o)
+                for cell in self.deferred.pop((sp, ring, m, o), ()):  # a step of layouts_climb's, now in full
+                    self._chunked_of(cell, (sp, ring, m, o))
             self.drain()
             if self.best[1] is winner:
                 return
