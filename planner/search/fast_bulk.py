@@ -182,19 +182,22 @@ class _Search:
         self.reached: dict[tuple, tuple] = {}  # cell key -> the (sp, ring, micro-batch, overlap) structure it was reached by
         self.order = 0
 
-    def _push(self, bound: float, key: tuple, structure: tuple, first: bool) -> None:
+    def _push(self, bound: float, key: tuple, structure: tuple, first: bool, tight: bool = True) -> None:
+        """Queue a cell with ``bound``; a bound that is not ``tight`` is replaced by the cell's own (:meth:`_bound`)
+        when it reaches the head of the queue."""
         self.order += 1
-        heapq.heappush(self.queue, (-bound, self.order, key, structure, first))
+        heapq.heappush(self.queue, (-bound, self.order, key, structure, first, tight))
 
-    def _bound(self, sp: int, ring: int, ep: int, micro: int, overlap: str, per: dict) -> float:
-        """The tokens/s no point of a first cell can beat: its undialed points without checkpointing, one per ZeRO
-        stage (scalar estimates; the dials and a checkpointing policy only cost time)."""
+    def _bound(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
+        """The tokens/s no point of a cell can beat: its undialed points without checkpointing (or with the least
+        a pin leaves), one per ZeRO stage (scalar estimates; the dials and a checkpointing policy only cost time)."""
+        per = self.cells.per(sp, ring)
         policies = ("none",) if "none" in per["checkpointing"] else per["checkpointing"]
         space, top = self.cells.space, -np.inf
         for zero in per["zero_stage"]:
             for policy in policies:
                 cand = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=zero, micro_batch=micro,
-                                checkpointing=policy, overlap=overlap)
+                                checkpointing=policy, overlap=overlap, sequence_chunks=seq)
                 if space.reason(cand):
                     return np.inf  # no undialed point to bound the cell by: price it
                 top = max(top, tokens_per_second(space.model, space.hardware, space.workload, cand, space.profile))
@@ -210,8 +213,8 @@ class _Search:
         per = self.cells.per(sp, ring)
         seq = per["sequence_chunks"][0]
         for ep in per["ep"]:
-            bound = self._bound(sp, ring, ep, micro, chunk_overlap(overlap, seq), per)
-            self._push(bound, (sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)), structure, True)
+            key = (sp, ring, ep, micro, seq, chunk_overlap(overlap, seq))
+            self._push(self._bound(*key), key, structure, True)
 
     def _take(self, cell: Cell, structure: tuple, first: bool) -> None:
         self.reached.setdefault(cell.key, structure)
@@ -238,15 +241,18 @@ class _Search:
         """Queue the sequence-chunked cells of a first cell ``key`` with ``bound``."""
         sp, ring, ep, micro = key[:4]
         for seq in self.cells.per(sp, ring)["sequence_chunks"][1:]:
-            self._push(bound, (sp, ring, ep, micro, seq, chunk_overlap(structure[3], seq)), structure, False)
+            self._push(bound, (sp, ring, ep, micro, seq, chunk_overlap(structure[3], seq)), structure, False, False)
 
     def drain(self) -> None:
         """Price the queued cells, best bound first, while a bound beats the best fitting point."""
         while self.queue:
-            negative, _, key, structure, first = heapq.heappop(self.queue)
+            negative, _, key, structure, first, tight = heapq.heappop(self.queue)
             if -negative <= self.best[0]:
                 self.queue.clear()  # every bound left is lower
                 return
+            if not tight:  # a chunked cell's family bound: its own undialed points may bound it lower
+                self._push(min(-negative, self._bound(*key)), key, structure, first)
+                continue
             if self.cells.cap(*key) <= self.best[0]:
                 if first:  # its chunked cells may still win: bounded by the first cell's bound
                     self._queue_chunked(key, structure, -negative)

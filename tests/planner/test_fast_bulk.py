@@ -112,14 +112,14 @@ def test_the_properties_the_bounds_rest_on(spec):
     for cell in cells.cells():
         sp, ring, ep, micro, seq, overlap = cell.key
         per = cells.per(sp, ring)
-        # the first cell's bound: its undialed points without checkpointing, one per ZeRO stage
-        if seq == per["sequence_chunks"][0]:
-            bound = max(tokens_per_second(space.model, space.hardware, space.workload,
-                                          undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=z, micro_batch=micro,
-                                                   checkpointing="none", overlap=overlap))
-                        for z in per["zero_stage"])
-            assert cell.tps.max() <= bound * (1 + 1e-9)
-        else:  # a chunked cell's points: bounded by the fastest point of their family in the unchunked cell of each
+        # a cell's bound: its undialed points without checkpointing, one per ZeRO stage
+        bound = max(tokens_per_second(space.model, space.hardware, space.workload,
+                                      undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=z, micro_batch=micro,
+                                               checkpointing="none", overlap=overlap, sequence_chunks=seq))
+                    for z in per["zero_stage"])
+        assert cell.tps.max() <= bound * (1 + 1e-9)
+        if seq != per["sequence_chunks"][0]:
+            # a chunked cell's points: bounded by the fastest point of their family in the unchunked cell of each
             # structure that leads to it (head_pipeline gives way to kv_async with chunks)
             for o in (o for o in per["overlap"] if chunk_overlap(o, seq) == overlap):
                 fastest = cells.priced[(sp, ring, ep, micro, per["sequence_chunks"][0], o)].family_stats[0]
