@@ -56,12 +56,12 @@ def _tokens_per_second(workload: Workload, cand: Candidate, step: float) -> floa
 
 
 def tokens_per_second(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
-                      profile: ModelProfile | None = None) -> float:
+                      profile: ModelProfile | None = None, shapes: Shapes | None = None) -> float:
     """``estimate(...).tokens_per_second`` alone: no memory breakdown (unless ``cand`` offloads activations or
     sequence chunks, whose copies it sizes) and no notes -- what a search's speed bound needs, at a third of the
-    cost."""
+    cost. ``shapes``: the candidate's Shapes, where the caller prices several candidates of one shape group."""
     _check(hw, cand)
-    sh = Shapes(model, workload, cand, profile)
+    sh = Shapes(model, workload, cand, profile) if shapes is None else shapes
     per_layer = 0.0
     if cand.offload_activations or cand.offload_chunks:
         per_layer = _memory_breakdown(model, hw, workload.dtype, cand, sh)[1][2]

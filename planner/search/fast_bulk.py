@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
 from autosp.cost_models.estimate import tokens_per_second
+from autosp.cost_models.shapes import Shapes
 from autosp.planner.search.bulk_search import TIE, _candidate, group_mask, layout_rows
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import undialed
@@ -193,14 +194,18 @@ class _Search:
         a pin leaves), one per ZeRO stage (scalar estimates; the dials and a checkpointing policy only cost time)."""
         per = self.cells.per(sp, ring)
         policies = ("none",) if "none" in per["checkpointing"] else per["checkpointing"]
-        space, top = self.cells.space, -np.inf
-        for zero in per["zero_stage"]:
-            for policy in policies:
-                cand = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=zero, micro_batch=micro,
-                                checkpointing=policy, overlap=overlap, sequence_chunks=seq)
+        space, top, shapes = self.cells.space, -np.inf, None
+        for policy in policies:
+            first = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=per["zero_stage"][0], micro_batch=micro,
+                             checkpointing=policy, overlap=overlap, sequence_chunks=seq)
+            for zero in per["zero_stage"]:
+                cand = first if zero == first.zero_stage else replace(first, zero_stage=zero)  # no offload: canonical
                 if space.reason(cand):
                     return np.inf  # no undialed point to bound the cell by: price it
-                top = max(top, tokens_per_second(space.model, space.hardware, space.workload, cand, space.profile))
+                if shapes is None:  # the cell's shape group: one Shapes for all its undialed points
+                    shapes = Shapes(space.model, space.workload, cand, space.profile)
+                top = max(top, tokens_per_second(space.model, space.hardware, space.workload, cand, space.profile,
+                                                 shapes))
                 self.bound_evaluations += 1
         return top
 
