@@ -7,14 +7,20 @@ schedule, with every ZeRO stage, checkpointing policy, tiling level and offload 
 call prices a cell (about what five scalar estimates cost), so the search pays per cell, not per candidate:
 
 - every layout's first cell (micro-batch and sequence chunks at their first choice, the last overlap schedule) is
-  priced; it holds the undialed point of each of its (ZeRO, checkpointing) families, and so their bounds
-  (:mod:`autosp.planner.search.fast`'s first property: the dials only cost time), and the exact best fitting point of
-  each family without sequence chunks;
-- a later cell of the layout (more sequence chunks; head_pipeline gives way to kv_async there) is priced, best bound
-  first, only while its bound beats the best plan found: the largest bound of the families that have a point faster
-  than their best fitting one (checkpointing none or full: a chunked layer admits no other policy);
-- the climb moves the winner's micro-batch and overlap schedule one at a time, each move priced the same way (ZeRO
-  stage, checkpointing and the dials are already exact within a cell).
+  queued with its bound: its undialed points without checkpointing, one per ZeRO stage (scalar, tokens/s alone;
+  :mod:`autosp.planner.search.fast`'s first property: the dials and a checkpointing policy only cost time). Cells
+  are priced best bound first while a bound beats the best fitting point found; a priced cell gives every one of its
+  (ZeRO, checkpointing) families' best fitting point exactly;
+- a layout's sequence-chunked cells (head_pipeline gives way to kv_async there) are queued when a family of its first
+  cell has a point faster than its best fitting one (checkpointing none or full: a chunked layer admits no other
+  policy), bounded by that point; when such a cell reaches the head of the queue its own undialed points bound it
+  (lazily: most are then dropped unpriced);
+- a larger micro-batch only adds memory and at most scales tokens/s with it (:meth:`Cells.cap`): no point of a cell
+  beats micro / m times the best fitting point of the same cell at a smaller micro-batch m, and none fits where
+  nothing fits there (nor where nothing fits at another overlap schedule: the schedule changes no memory);
+- every layout's micro-batch then climbs one step at a time while that helps the layout (a layout that loses at the
+  first micro-batch may win at a larger one), and the winner's micro-batch and overlap schedule move as in the
+  scalar search's light climb (ZeRO stage, checkpointing and the dials are already exact within a cell).
 
 Within the cells it prices, the search is exact: every family's best fitting point, where the scalar search's walk
 (:func:`autosp.planner.search.moves.complete`) finds one greedily. The candidates a plan shows (the winner and its
