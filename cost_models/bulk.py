@@ -74,11 +74,17 @@ def _table(values, fn) -> dict:
 
 
 def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
-    """table[key] for each key of ``keys`` (a few distinct keys: one mask per key)."""
-    out = np.empty(len(keys), dtype=float)
-    for key, value in table.items():
-        out[keys == key] = value
-    return out
+    """table[key] for each key of ``keys`` (small non-negative integers: a lookup array indexed by the keys)."""
+    if not table:
+        return np.zeros(len(keys))
+    lookup = np.zeros(max(table) + 1)
+    lookup[list(table)] = list(table.values())
+    return lookup[keys]
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values of an array of small non-negative integers, ascending (np.unique without its sort)."""
+    return np.flatnonzero(np.bincount(values)).tolist() if len(values) else []
 
 
 _NEUTRAL = {name: BY_NAME[name].default for name in ROW_KNOBS}  # every row knob at its default (the knob table)
@@ -130,8 +136,7 @@ def _row_arrays(rows: dict) -> _Rows:
                  off_chunks=np.asarray(rows["offload_chunks"], dtype=bool),
                  off_act=np.asarray(rows["offload_activations"], dtype=bool), overlap=np.asarray(rows["overlap"]),
                  n=len(zero), full=ckpt == FULL, loss_tiled=loss > 1, mlp_tiled=mlp > 1,
-                 policies=[int(i) for i in np.unique(ckpt)], mlp_values=[int(v) for v in np.unique(mlp)],
-                 loss_values=[int(v) for v in np.unique(loss)], zeros=[int(v) for v in np.unique(zero)])
+                 policies=_distinct(ckpt), mlp_values=_distinct(mlp), loss_values=_distinct(loss), zeros=_distinct(zero))
 
 
 # ---------------------------------------------------------------------- memory (memory.memory_breakdown)

@@ -38,9 +38,8 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
     memory, (_kept, _transient, per_layer, host), notes = _memory_breakdown(model, hw, workload.dtype, cand, sh)
     n_params = sh.n_params
     time, ring_p2p, ring_exposed = step_time_parts(hw, cand, sh, n_params, per_layer)
-    tokens = workload.seq_len * cand.micro_batch * cand.grad_accum * cand.dp
     step = time.step
-    tps = tokens / step if 0 < step < math.inf else 0.0
+    tps = _tokens_per_second(workload, cand, step)
     model_flops_step = flops.model_flops(sh) * cand.grad_accum * cand.sp * cand.dp
     peak_all = hw.accelerator.peak_flops * cand.world_size
     mfu = model_flops_step / (step * peak_all) if 0 < step < math.inf and peak_all > 0 else 0.0
@@ -49,6 +48,24 @@ def estimate(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candi
     notes += _chunk_notes(hw, cand, sh, host_total)
     return Estimate(memory=memory, time=time, capacity_bytes=capacity_bytes(hw), tokens_per_second=tps, mfu=mfu,
                     flops_per_step=model_flops_step, notes=notes, host_bytes=host_total)
+
+
+def _tokens_per_second(workload: Workload, cand: Candidate, step: float) -> float:
+    tokens = workload.seq_len * cand.micro_batch * cand.grad_accum * cand.dp
+    return tokens / step if 0 < step < math.inf else 0.0
+
+
+def tokens_per_second(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate,
+                      profile: ModelProfile | None = None, shapes: Shapes | None = None) -> float:
+    """``estimate(...).tokens_per_second`` alone: no memory breakdown (unless ``cand`` offloads activations or
+    sequence chunks, whose copies it sizes) and no notes -- what a search's speed bound needs, at a third of the
+    cost. ``shapes``: the candidate's Shapes, where the caller prices several candidates of one shape group."""
+    _check(hw, cand)
+    sh = Shapes(model, workload, cand, profile) if shapes is None else shapes
+    per_layer = 0.0
+    if cand.offload_activations or cand.offload_chunks:
+        per_layer = _memory_breakdown(model, hw, workload.dtype, cand, sh)[1][2]
+    return _tokens_per_second(workload, cand, step_time_parts(hw, cand, sh, sh.n_params, per_layer)[0].step)
 
 
 def _chunk_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, host_total: float) -> tuple[str, ...]:
@@ -160,4 +177,4 @@ def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str 
     return lo * step
 
 
-__all__ = ["attention_share", "estimate", "fits", "max_seq_len", "memory_only"]
+__all__ = ["attention_share", "estimate", "fits", "max_seq_len", "memory_only", "tokens_per_second"]

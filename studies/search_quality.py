@@ -4,6 +4,7 @@ random set of requests.
     .venv/bin/python -m studies.search_quality                 # seed 0, 150 requests, ~15 min on 2 cores
     .venv/bin/python -m studies.search_quality --seed 7 --out OUT              # OUT.json and OUT.txt
     .venv/bin/python -m studies.search_quality --seed 7 --trials 60 --out OUT  # the Optuna search instead
+    .venv/bin/python -m studies.search_quality --seed 31 --search fast --out OUT  # autosp-plan sweep's quick search
 
 (seed 7's results: studies/results/search_quality_seed7_n150.txt and studies/results/search_quality_seed7_n150_optuna.txt)
     .venv/bin/python -m studies.search_quality --n 40 --seed 1
@@ -58,7 +59,7 @@ def one(request: dict) -> dict:
     row = {"request": request}
     try:
         started = time.perf_counter()
-        default = make_plan(**request, trials=TRIALS)
+        default = make_plan(**request, trials=TRIALS, search=SEARCH)
         row["default_s"] = time.perf_counter() - started
         started = time.perf_counter()
         best = scalar_exhaustive(request) if SCALAR_REFERENCE else bulk_exhaustive(request)
@@ -82,6 +83,10 @@ TRIALS = None
 """``--trials N``: plan with N sampler trials (the Optuna search, bulk family completion included) instead of the
 default search, which scores every space of the random requests whole in bulk (they stay under
 BULK_EXHAUSTIVE_CANDIDATES)."""
+
+SEARCH = "optuna"
+"""``--search fast``: plan with the quick search of ``autosp-plan sweep`` (planner/search/fast.py) instead of the
+default search."""
 
 SCALAR_REFERENCE = False
 """``--scalar-reference``: price the reference with the scalar model, candidate by candidate (hours for 150 requests
@@ -131,7 +136,8 @@ def quantile(values: list[float], q: float) -> float:
 def report(rows: list[dict], seed: int) -> str:
     done = [r for r in rows if "ratio" in r]
     ratios = [r["ratio"] for r in done]
-    searched = "default search" if TRIALS is None else f"Optuna search ({TRIALS} trials)"
+    searched = ("fast search (autosp-plan sweep's)" if SEARCH == "fast" else
+                "default search" if TRIALS is None else f"Optuna search ({TRIALS} trials)")
     lines = [f"search quality: {searched} vs exhaustive ({'scalar' if SCALAR_REFERENCE else 'bulk'} cost model), "
              f"{len(rows)} random requests (seed {seed}), "
              f"{len(done)} feasible, {len(rows) - len(done)} infeasible"]
@@ -175,12 +181,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS / "search_quality"), help="results path without suffix")
     parser.add_argument("--report-only", action="store_true", help="print the summary of OUT.json again, plan nothing")
     parser.add_argument("--trials", type=int, help="plan with this many Optuna trials instead of the default search")
+    parser.add_argument("--search", choices=("optuna", "fast"), default="optuna",
+                        help="fast: the quick search of autosp-plan sweep instead of the default search")
     parser.add_argument("--scalar-reference", action="store_true",
                         help="price the exhaustive reference with the scalar model (slow) instead of in bulk")
     args = parser.parse_args(argv)
-    global SCALAR_REFERENCE, TRIALS
+    global SCALAR_REFERENCE, TRIALS, SEARCH
     SCALAR_REFERENCE = args.scalar_reference
     TRIALS = args.trials
+    SEARCH = args.search
     out = Path(args.out)
     if args.report_only:
         saved = json.loads(out.with_suffix(".json").read_text())

@@ -41,34 +41,46 @@ def supported(space) -> bool:
     return bulk.supported(space.hardware) is None
 
 
+_POLICY = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
+_OVERLAP = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
+_KINDS = {name: bool if BY_NAME[name].kind is bool else np.int64 for name in bulk.ROW_KNOBS}
+
+
+def layout_rows(per: dict):
+    """(row arrays, canonical mask) of one layout's choices ``per`` (:meth:`SearchSpace.per_layout_choices`, or a
+    narrower copy): the grid of :data:`~autosp.cost_models.bulk.ROW_KNOBS` and the rows that are canonical whatever
+    the shape; None when a row knob has no choice."""
+    axes = [np.asarray([BY_NAME[name].order_key(v) for v in per[name]], dtype=_KINDS[name]) for name in bulk.ROW_KNOBS]
+    if any(len(a) == 0 for a in axes):
+        return None
+    grid = np.meshgrid(*axes, indexing="ij")
+    rows = {k: g.ravel() for k, g in zip(bulk.ROW_KNOBS, grid)}
+    zero, opt, param, ckpt = rows["zero_stage"], rows["offload_optimizer"], rows["offload_param"], rows["checkpointing"]
+    keep = ~(rows["offload_activations"] & (ckpt == _POLICY["none"]))  # offload needs checkpointed tensors
+    keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
+    keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
+    return rows, keep
+
+
+def group_mask(rows: dict, keep: np.ndarray, seq: int) -> np.ndarray:
+    """The canonical rows of :func:`layout_rows` for a shape group with ``seq`` sequence chunks."""
+    if seq == 1:
+        return keep & ~rows["offload_chunks"]                   # chunk offload needs sequence chunks
+    return keep & ~np.isin(rows["checkpointing"], (_POLICY["selective"], _POLICY["sequence"])) \
+        & (rows["overlap"] != _OVERLAP["head_pipeline"])        # space.chunks_reason
+
+
 def space_groups(space):
     """(base candidate, row arrays) per shape group of ``space``: the candidates of :meth:`SearchSpace.candidates`,
     with checkpointing and overlap as indices into CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES."""
-    policy_index = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
-    overlap_index = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
-    kinds = {name: bool if BY_NAME[name].kind is bool else np.int64 for name in bulk.ROW_KNOBS}
-    selective = (policy_index["selective"], policy_index["sequence"])
-    none, head_pipeline = policy_index["none"], overlap_index["head_pipeline"]
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
-        if per is None:
+        grid = None if per is None else layout_rows(per)
+        if grid is None:
             continue
-        axes = [np.asarray([BY_NAME[name].order_key(v) for v in per[name]], dtype=kinds[name])
-                for name in bulk.ROW_KNOBS]
-        if any(len(a) == 0 for a in axes):
-            continue
-        grid = np.meshgrid(*axes, indexing="ij")
-        rows = {k: g.ravel() for k, g in zip(bulk.ROW_KNOBS, grid)}
-        zero, opt, param, ckpt = rows["zero_stage"], rows["offload_optimizer"], rows["offload_param"], rows["checkpointing"]
-        keep = ~(rows["offload_activations"] & (ckpt == none))      # offload needs checkpointed tensors
-        keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
-        keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
+        rows, keep = grid
         for micro, seq, ep in itertools.product(per["micro_batch"], per["sequence_chunks"], per["ep"]):
-            mask = keep.copy()
-            if seq == 1:
-                mask &= ~rows["offload_chunks"]                     # chunk offload needs sequence chunks
-            else:                                                   # space.chunks_reason
-                mask &= ~np.isin(ckpt, selective) & (rows["overlap"] != head_pipeline)
+            mask = group_mask(rows, keep, seq)
             if not mask.any():
                 continue
             base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)  # row knobs at their defaults

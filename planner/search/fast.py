@@ -13,6 +13,10 @@ by ``studies/sweep_quality.py``):
   share the node's host memory: the leanest points of a family are its most tiled ones at the highest ZeRO
   stage (and the highest below 3, where a tied model may tile its loss), with each offload on or off.
 
+Where the bulk cost model prices the space (every catalogued cluster), ``throughput`` runs in bulk
+(:mod:`autosp.planner.search.fast_bulk`): the same bounds, every family completed exactly by one bulk call per
+shape group instead of the greedy walk below, which remains the search elsewhere.
+
 ``throughput``: each (sp, ring, ZeRO, checkpointing) family is bounded by its undialed point (one call);
 families are completed (:func:`~autosp.planner.search.moves.complete`: the greedy dial walk) best bound first,
 a family none of whose leanest points fits is skipped (memory-only calls), and the sweep stops when the best
@@ -30,9 +34,9 @@ from __future__ import annotations
 
 import itertools
 
-from autosp.contract.knobs import BY_NAME, LEAN_NEST, STRUCTURAL, STRUCTURE, fast_dials, lean_alternatives
+from autosp.contract.knobs import BY_NAME, LEAN_NEST, STRUCTURAL, STRUCTURE, lean_alternatives
 from autosp.planner.search.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
-from autosp.planner.search.moves import DIAL_KNOBS, complete
+from autosp.planner.search.moves import DIAL_KNOBS, complete, undialed
 from autosp.planner.search.space import chunk_overlap
 
 CLIMB_STEPS = 8
@@ -42,12 +46,6 @@ CLIMB_KNOBS = tuple(k for k in STRUCTURAL if BY_NAME[k].role == STRUCTURE and k 
 """What the light climb moves: the structure knobs of the table but checkpointing (ZeRO stage, micro-batch,
 overlap; the layout and the checkpointing policy stay), then the dials, which are re-chosen after a structural
 move."""
-
-
-def undialed(space, per: dict, **structure):
-    """The fastest point of a structure: fewest chunks, no offload (as far as the space allows)."""
-    dials = {k: v for k, v in fast_dials(per).items() if k not in structure}
-    return space.make(**structure, **dials)
 
 
 def _lean_points(space, per: dict, tiles: int | None = None, **structure):
@@ -133,10 +131,21 @@ def _climb(space, start, estimate, key):
     return current
 
 
-def fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None) -> SearchResult:
+def fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None, in_bulk: bool | None = None) -> SearchResult:
     """The fastest fitting plan at ``seq_len`` (default: the space's) by branch and bound over the
-    structure families, then a light climb (module docstring)."""
+    structure families, then a light climb (module docstring). Where the bulk cost model prices the space
+    (``in_bulk`` None: wherever it can), each family is completed exactly in bulk
+    (:mod:`autosp.planner.search.fast_bulk`); else by the scalar dial walk below."""
     from autosp.planner.search.evaluator import rank_key
+
+    if in_bulk is None:
+        from autosp.planner.search.bulk_search import supported
+
+        in_bulk = supported(space)
+    if in_bulk:
+        from autosp.planner.search.fast_bulk import bulk_fast_throughput
+
+        return bulk_fast_throughput(space, evaluator, seq_len)
 
     seq = space.workload.seq_len if seq_len is None else seq_len
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))

@@ -94,6 +94,12 @@ WALK_SPEED_FLOOR = 1e-3
 exactly this much (differences that small are below the cost model's resolution)."""
 
 
+def undialed(space, per: dict, **structure):
+    """The fastest point of a structure: fewest chunks, no offload (as far as the space allows)."""
+    dials = {k: v for k, v in fast_dials(per).items() if k not in structure}
+    return space.make(**structure, **dials)
+
+
 def complete(space, cand, estimate):
     """The structure of ``cand`` with its dial knobs chosen greedily, for every expert-parallel degree of the
     space (one walk each: ep trades expert-state memory and ZeRO traffic for all-to-alls, in either direction, so
@@ -176,4 +182,4 @@ def _walk(space, cand, estimate):
     return best[0] if best else None
 
 
-__all__ = ["DIAL_KNOBS", "WALK_SPEED_FLOOR", "complete", "hill_climb", "knobs_of", "single_moves"]
+__all__ = ["DIAL_KNOBS", "WALK_SPEED_FLOOR", "complete", "hill_climb", "knobs_of", "single_moves", "undialed"]

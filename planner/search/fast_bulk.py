@@ -1,0 +1,395 @@
+"""The quick search (:mod:`autosp.planner.search.fast`) priced in bulk: the same branch and bound over the structure
+families and the same light climb, each family completed exactly instead of by the greedy dial walk.
+
+A *cell* is one shape group of the bulk cost model (:func:`autosp.cost_models.bulk.estimate_group`) at one overlap
+schedule: a layout (sp, ring), an expert-parallel degree, a micro-batch, a sequence-chunk count and an overlap
+schedule, with every ZeRO stage, checkpointing policy, tiling level and offload of that layout as its rows. One bulk
+call prices a cell (about what five scalar estimates cost), so the search pays per cell, not per candidate:
+
+- every layout's first cell (micro-batch and sequence chunks at their first choice, the last overlap schedule) is
+  queued with its bound: its undialed points without checkpointing, one per ZeRO stage (scalar, tokens/s alone;
+  :mod:`autosp.planner.search.fast`'s first property: the dials and a checkpointing policy only cost time). Cells
+  are priced best bound first while a bound beats the best fitting point found; a priced cell gives every one of its
+  (ZeRO, checkpointing) families' best fitting point exactly;
+- a layout's sequence-chunked cells (head_pipeline gives way to kv_async there) are queued when a family of its first
+  cell has a point faster than its best fitting one (checkpointing none or full: a chunked layer admits no other
+  policy), bounded by that point; when such a cell reaches the head of the queue its own undialed points bound it
+  (lazily: most are then dropped unpriced);
+- a larger micro-batch only adds memory and at most scales tokens/s with it (:meth:`Cells.cap`): no point of a cell
+  beats micro / m times the best fitting point of the same cell at a smaller micro-batch m, and none fits where
+  nothing fits there (nor where nothing fits at another overlap schedule: the schedule changes no memory);
+- every layout's micro-batch then climbs one step at a time while that helps the layout (a layout that loses at the
+  first micro-batch may win at a larger one), and the winner's micro-batch and overlap schedule move as in the
+  scalar search's light climb (ZeRO stage, checkpointing and the dials are already exact within a cell).
+
+Within the cells it prices, the search is exact: every family's best fitting point, where the scalar search's walk
+(:func:`autosp.planner.search.moves.complete`) finds one greedily. The candidates a plan shows (the winner and its
+ties, the best of the leading families, the fastest point that does not fit) are then priced by the scalar model
+through the evaluator, as in :mod:`autosp.planner.search.bulk_search`, so the plan, its runner-ups and its notes come
+from the reference model.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
+from autosp.cost_models import bulk
+from autosp.cost_models.estimate import tokens_per_second
+from autosp.cost_models.shapes import Shapes
+from autosp.planner.search.bulk_search import TIE, _candidate, group_mask, layout_rows
+from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
+from autosp.planner.search.moves import undialed
+from autosp.planner.search.space import chunk_overlap
+
+POLICIES = len(CHECKPOINTING_POLICIES)
+CHUNKED_POLICIES = tuple(CHECKPOINTING_POLICIES.index(p) for p in ("none", "full"))
+"""The checkpointing policies a sequence-chunked layer admits (space.chunks_reason), as indices."""
+
+CLIMB_STEPS = 8
+"""Moves of the light climb (as the scalar search's)."""
+
+RUNNER_UP_FAMILIES = 6
+"""The best points of this many leading (sp, ring, ZeRO, checkpointing) families go to the scalar model besides the
+winner: the plan's runner-ups are the best of other families (planner/explain.py)."""
+
+MAX_TIES = 64
+"""At most this many bulk ties of the winner go to the scalar model (whose ranking then decides among them)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One priced shape group at one overlap schedule: its base candidate, row arrays and bulk results, and each
+    row's family (ZeRO stage x policies + checkpointing index)."""
+
+    key: tuple  # (sp, ring, ep, micro_batch, sequence_chunks, overlap)
+    base: Candidate
+    rows: dict
+    tps: np.ndarray
+    memory: np.ndarray
+    fits: np.ndarray
+    family: np.ndarray
+
+    @functools.cached_property
+    def fit_tps(self) -> np.ndarray:
+        """Tokens/s where the point fits, -inf elsewhere."""
+        return np.where(self.fits, self.tps, -np.inf)
+
+    @functools.cached_property
+    def best_fitting(self) -> int | None:
+        """The row of the fastest fitting point, or None."""
+        return int(np.argmax(self.fit_tps)) if self.fits.any() else None
+
+    @functools.cached_property
+    def family_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """(fastest point, fastest fitting point) per family id, tokens/s (-inf where none)."""
+        fastest = np.full(4 * POLICIES, -np.inf)
+        fitting = np.full(4 * POLICIES, -np.inf)
+        np.maximum.at(fastest, self.family, self.tps)
+        np.maximum.at(fitting, self.family, self.fit_tps)
+        return fastest, fitting
+
+
+@functools.lru_cache(maxsize=512)
+def _cell_rows(choices: tuple, seq: int):
+    """(row arrays, family ids) of a cell whose row knobs take ``choices`` ((name, values) pairs, the layout's
+    choices at one overlap schedule) with ``seq`` sequence chunks, or None when no row is canonical. A pure function
+    of its arguments, kept across the requests of a process (a sweep's requests share most layouts' choices); the
+    arrays are read-only."""
+    grid = layout_rows(dict(choices))
+    if grid is None:
+        return None
+    mask = group_mask(grid[0], grid[1], seq)
+    if not mask.any():
+        return None
+    rows = {k: v[mask] for k, v in grid[0].items()}
+    family = np.asarray(rows["zero_stage"], dtype=np.int64) * POLICIES + rows["checkpointing"]
+    for array in (*rows.values(), family):
+        array.setflags(write=False)
+    return rows, family
+
+
+class Cells:
+    """The cells of one space, priced on first use and kept (the climb comes back to them)."""
+
+    def __init__(self, space):
+        self.space = space
+        self.priced: dict[tuple, Cell | None] = {}
+        self._per: dict[tuple, dict | None] = {}
+        self.rows = 0
+
+    def per(self, sp: int, ring: int) -> dict | None:
+        if (sp, ring) not in self._per:
+            self._per[(sp, ring)] = self.space.per_layout_choices(sp, ring)
+        return self._per[(sp, ring)]
+
+    def get(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> Cell | None:
+        """The priced cell, or None when it has no valid candidate."""
+        key = (sp, ring, ep, micro, seq, overlap)
+        if key in self.priced:
+            return self.priced[key]
+        cell = None
+        per = self.per(sp, ring)
+        if per is not None and overlap in per["overlap"]:
+            choices = tuple((name, (overlap,) if name == "overlap" else per[name]) for name in bulk.ROW_KNOBS)
+            found = _cell_rows(choices, seq)
+            if found is not None:
+                rows, family = found
+                space = self.space
+                base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)
+                out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
+                cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family)
+                self.rows += len(family)
+        self.priced[key] = cell
+        return cell
+
+    def cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
+        """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
+        that fits at ``micro`` fits at the smaller one m too (memory grows with the micro-batch) and trains at most
+        micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows); the same cell
+        at another overlap schedule bounds nothing but its fit (the schedule changes no memory): 0 when nothing fits
+        there. Infinite when no such cell is priced."""
+        cap = np.inf
+        per = self.per(sp, ring)
+        for m in per["micro_batch"]:
+            if m > micro:
+                break
+            for o in per["overlap"]:
+                if (m, o) == (micro, overlap):
+                    continue
+                cell = self.priced.get((sp, ring, ep, m, seq, o))
+                if cell is None:
+                    continue
+                if cell.best_fitting is None:
+                    return 0.0
+                if o == overlap:
+                    cap = min(cap, micro / m * float(cell.tps[cell.best_fitting]))
+        return cap
+
+    def cells(self) -> list[Cell]:
+        return [c for c in self.priced.values() if c is not None]
+
+
+class _Search:
+    """The best-first branch and bound over cells (module docstring): ``best`` is (tokens/s, cell, row) of the
+    fastest fitting point priced so far; ``queue`` holds the cells not priced yet, by their bound."""
+
+    def __init__(self, cells: Cells, evaluator: Evaluator, seq: int):
+        self.cells, self.evaluator, self.seq = cells, evaluator, seq
+        self.best: tuple[float, Cell | None, int] = (-np.inf, None, -1)
+        self.queue: list = []  # heap of (-bound, order, cell key, structure, first)
+        self.offered: set = set()
+        self.bound_evaluations = 0
+        self.deferred: dict[tuple, list] = {}  # structure -> its first cells whose chunked cells wait
+        self.first_structures: list = []  # (sp, ring, overlap) of every layout's first structure
+        self.reached: dict[tuple, tuple] = {}  # cell key -> the (sp, ring, micro-batch, overlap) structure it was reached by
+        self.order = 0
+
+    def _push(self, bound: float, key: tuple, structure: tuple, first: bool, tight: bool = True) -> None:
+        """Queue a cell with ``bound``; a bound that is not ``tight`` is replaced by the cell's own (:meth:`_bound`)
+        when it reaches the head of the queue."""
+        self.order += 1
+        heapq.heappush(self.queue, (-bound, self.order, key, structure, first, tight))
+
+    def _bound(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
+        """The tokens/s no point of a cell can beat: its undialed points without checkpointing (or with the least
+        a pin leaves), one per ZeRO stage (scalar estimates; the dials and a checkpointing policy only cost time)."""
+        per = self.cells.per(sp, ring)
+        policies = ("none",) if "none" in per["checkpointing"] else per["checkpointing"]
+        space, top, shapes = self.cells.space, -np.inf, None
+        for policy in policies:
+            first = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=per["zero_stage"][0], micro_batch=micro,
+                             checkpointing=policy, overlap=overlap, sequence_chunks=seq)
+            for zero in per["zero_stage"]:
+                cand = first if zero == first.zero_stage else replace(first, zero_stage=zero)  # no offload: canonical
+                if space.reason(cand):
+                    return np.inf  # no undialed point to bound the cell by: price it
+                if shapes is None:  # the cell's shape group: one Shapes for all its undialed points
+                    shapes = Shapes(space.model, space.workload, cand, space.profile)
+                top = max(top, tokens_per_second(space.model, space.hardware, space.workload, cand, space.profile,
+                                                 shapes))
+                self.bound_evaluations += 1
+        return top
+
+    def offer(self, sp: int, ring: int, micro: int, overlap: str) -> None:
+        """Queue the first cells of a structure (one per expert-parallel degree), each with its bound."""
+        structure = (sp, ring, micro, overlap)
+        if structure in self.offered:
+            return
+        self.offered.add(structure)
+        per = self.cells.per(sp, ring)
+        seq = per["sequence_chunks"][0]
+        for ep in per["ep"]:
+            key = (sp, ring, ep, micro, seq, chunk_overlap(overlap, seq))
+            self._push(self._bound(*key), key, structure, True)
+
+    def _take(self, cell: Cell, structure: tuple, first: bool) -> None:
+        self.reached.setdefault(cell.key, structure)
+        row = cell.best_fitting
+        if row is not None and cell.tps[row] > self.best[0]:
+            self.best = (float(cell.tps[row]), cell, row)
+        if not first or len(self.cells.per(*structure[:2])["sequence_chunks"]) == 1:
+            return
+        if structure in self.deferred:  # a layout's micro-batch step: its chunked cells only if the step helps
+            self.deferred[structure].append(cell)
+            return
+        self._chunked_of(cell, structure)
+
+    def _chunked_of(self, cell: Cell, structure: tuple) -> None:
+        # the chunked cells of the structure: a family whose fastest point fits is done; the others bound them by
+        # that point (checkpointing none or full: a chunked layer admits no other policy)
+        fastest, fitting = cell.family_stats
+        families = np.arange(len(fastest))
+        open_ = (fastest > fitting) & np.isin(families % POLICIES, CHUNKED_POLICIES)
+        if open_.any():
+            self._queue_chunked(cell.key, structure, float(fastest[open_].max()))
+
+    def _queue_chunked(self, key: tuple, structure: tuple, bound: float) -> None:
+        """Queue the sequence-chunked cells of a first cell ``key`` with ``bound``."""
+        sp, ring, ep, micro = key[:4]
+        for seq in self.cells.per(sp, ring)["sequence_chunks"][1:]:
+            self._push(bound, (sp, ring, ep, micro, seq, chunk_overlap(structure[3], seq)), structure, False, False)
+
+    def drain(self) -> None:
+        """Price the queued cells, best bound first, while a bound beats the best fitting point."""
+        while self.queue:
+            negative, _, key, structure, first, tight = heapq.heappop(self.queue)
+            if -negative <= self.best[0]:
+                self.queue.clear()  # every bound left is lower
+                return
+            if not tight:  # a chunked cell's family bound: its own undialed points may bound it lower
+                self._push(min(-negative, self._bound(*key)), key, structure, first)
+                continue
+            if self.cells.cap(*key) <= self.best[0]:
+                if first:  # its chunked cells may still win: bounded by the first cell's bound
+                    self._queue_chunked(key, structure, -negative)
+                continue
+            cell = self.cells.get(*key)
+            if cell is not None:
+                self._take(cell, structure, first)
+
+    def layouts_climb(self) -> None:
+        """Every layout's micro-batch at its first overlap schedule, one step up at a time while that improves the
+        layout's best and its first cell can still win (:meth:`Cells.cap`): a layout that loses at the first
+        micro-batch may win at a larger one (the light climb moves the winner's only). A step's sequence-chunked
+        cells are priced only once its first cell has improved the layout (a larger micro-batch needs more memory:
+        where the smaller one needed chunks to fit, the step rarely helps)."""
+        for sp, ring, overlap in self.first_structures:
+            per = self.cells.per(sp, ring)
+            seq = per["sequence_chunks"][0]
+            top = self.layout_best(sp, ring)
+            for micro in per["micro_batch"][1:]:
+                caps = [self.cells.cap(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)) for ep in per["ep"]]
+                if max(caps) <= self.best[0]:
+                    break
+                structure = (sp, ring, micro, overlap)
+                self.deferred[structure] = []
+                self.offer(*structure)
+                self.drain()
+                now = self.layout_best(sp, ring)
+                if now <= top:
+                    break
+                top = now
+                for cell in self.deferred.pop(structure):  # the step helps: its chunked cells may help more
+                    self._chunked_of(cell, structure)
+                self.drain()
+
+    def layout_best(self, sp: int, ring: int) -> float:
+        """The fastest fitting point of a layout priced so far, tokens/s (-inf where none)."""
+        return max((float(c.tps[c.best_fitting]) for c in self.cells.cells()
+                    if c.key[:2] == (sp, ring) and c.best_fitting is not None), default=-np.inf)
+
+    def climb(self, steps: int = CLIMB_STEPS) -> None:
+        """Best-improvement moves of the winner's micro-batch (to the next value either way) or overlap schedule
+        (its layout stays). No overlap move goes to none where kv_async is a choice: it exposes all of its
+        all-to-alls, kv_async all but what the Q projection hides, at the same memory."""
+        for _ in range(steps):
+            winner = self.best[1]
+            if winner is None:
+                return
+            sp, ring, micro, overlap = self.reached[winner.key]
+            per = self.cells.per(sp, ring)
+            micros = per["micro_batch"]
+            i = micros.index(micro)
+            moves = [(m, overlap) for m in micros[max(0, i - 1):i + 2]]
+            moves += [(micro, o) for o in per["overlap"] if not (o == "none" and "kv_async" in per["overlap"])]
+            for m, o in moves:
+                self.offer(sp, ring, m, o)
+                for cell in self.deferred.pop((sp, ring, m, o), ()):  # a step of layouts_climb's, now in full
+                    self._chunked_of(cell, (sp, ring, m, o))
+            self.drain()
+            if self.best[1] is winner:
+                return
+
+
+def _shown_rows(cells: list[Cell], best_tps: float) -> list[tuple[Cell, int]]:
+    """The points the scalar model re-prices (module docstring): the winner's bulk ties, the best fitting point of
+    each of the leading families, and the fastest point that does not fit where it beats the winner (or, when
+    nothing fits, the fastest and the leanest points)."""
+    ties, heads = [], {}
+    fastest_unfit = leanest = None
+    for cell in cells:
+        if np.isfinite(best_tps) and cell.best_fitting is not None:
+            ties += [(-float(cell.tps[i]), cell.key, int(i), cell)
+                     for i in np.flatnonzero(cell.fit_tps >= best_tps * (1 - TIE))]
+            fitting = cell.family_stats[1]
+            for f in np.flatnonzero(np.isfinite(fitting)):
+                family = (cell.key[:2], int(f))  # (sp, ring), ZeRO stage x policies + checkpointing
+                if family not in heads or fitting[f] > heads[family][0]:
+                    heads[family] = (float(fitting[f]), cell, int(f))
+        if not cell.fits.all():
+            i = int(np.argmax(np.where(cell.fits, -np.inf, cell.tps)))
+            if fastest_unfit is None or cell.tps[i] > fastest_unfit[0]:
+                fastest_unfit = (float(cell.tps[i]), cell, i)
+        i = int(np.argmin(cell.memory))
+        if leanest is None or cell.memory[i] < leanest[0]:
+            leanest = (float(cell.memory[i]), cell, i)
+    ties.sort(key=lambda t: t[:3])
+    shown = [(cell, i) for _, _, i, cell in ties[:MAX_TIES]]
+    for _, cell, f in sorted(heads.values(), key=lambda t: -t[0])[:RUNNER_UP_FAMILIES]:
+        shown.append((cell, int(np.argmax(np.where(cell.family == f, cell.fit_tps, -np.inf)))))
+    if fastest_unfit is not None and fastest_unfit[0] > best_tps:
+        shown.append(fastest_unfit[1:])
+    if not np.isfinite(best_tps) and leanest is not None:
+        shown.append(leanest[1:])
+    return shown
+
+
+def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None) -> SearchResult:
+    """The fastest fitting plan at ``seq_len`` (default: the space's) by branch and bound over cells priced in bulk,
+    then the light climb (module docstring). The space's hardware must be one the bulk model prices
+    (:func:`autosp.planner.search.bulk_search.supported`)."""
+    seq = space.workload.seq_len if seq_len is None else seq_len
+    target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
+    start = evaluator.calls
+    cells = Cells(target)
+    search = _Search(cells, evaluator, seq)
+    layouts = families = 0
+    for sp, ring in target.layouts():
+        per = cells.per(sp, ring)
+        if per is None or not all(per.values()):
+            continue  # a knob (pinned, or tiled too finely here) has no value that goes with this layout
+        layouts += 1
+        families += len(per["zero_stage"]) * len(per["checkpointing"]) * len(per["ep"])
+        search.offer(sp, ring, per["micro_batch"][0], per["overlap"][-1])
+        search.first_structures.append((sp, ring, per["overlap"][-1]))
+    search.drain()
+    swept = len(cells.cells())
+    search.layouts_climb()
+    search.climb()
+    for cell, i in _shown_rows(cells.cells(), search.best[0]):
+        evaluator(_candidate(target, cell.base, cell.rows, i), seq)
+    scalar = evaluator.calls - start
+    return SearchResult(strategy="fast", seq_len=seq, ranked=ranked_at(evaluator, seq),
+                        evaluations=cells.rows + search.bound_evaluations + evaluator.calls,
+                        details={"layouts": layouts, "families": families, "cells_priced": len(cells.cells()),
+                                 "climb_cells": len(cells.cells()) - swept,
+                                 "bulk_evaluations": cells.rows, "bound_evaluations": search.bound_evaluations,
+                                 "scalar_evaluations": scalar})
+
+
+__all__ = ["CLIMB_STEPS", "Cell", "Cells", "MAX_TIES", "RUNNER_UP_FAMILIES", "bulk_fast_throughput"]

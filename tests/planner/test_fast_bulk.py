@@ -1,0 +1,151 @@
+"""The quick search priced in bulk (planner/search/fast_bulk.py): its cells are the space's candidates, its family
+completion is exact (never behind the scalar dial walk, at the exhaustive optimum of each family), and the properties
+of the cost model its bounds rest on hold over whole spaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autosp.contract.knobs import family_of
+from autosp.cost_models.estimate import estimate, tokens_per_second
+from autosp.planner.request import PlanRequest, resolve
+from autosp.planner.search.bulk_search import _candidate, score_space
+from autosp.planner.search.evaluator import Evaluator
+from autosp.planner.search.fast import fast_throughput, undialed
+from autosp.planner.search.fast_bulk import CHUNKED_POLICIES, POLICIES, Cells, bulk_fast_throughput
+from autosp.planner.search.moves import complete
+from autosp.planner.search.space import build_space, chunk_overlap
+
+SPACES = [  # small enough to enumerate; between them: tiling, sequence chunks, rings, two nodes, pins, a global batch
+    dict(model="mistral-7b", ctx="8k", hw="h100x2"),
+    dict(model="llama-3.2-1b", ctx="64k", hw="h100x2"),
+    dict(model="llama-3.1-8b", ctx="256k", hw="h100x2"),
+    dict(model="qwen2.5-0.5b", ctx="64k", hw="h100x16", global_batch=32),
+    dict(model="llama-3.1-70b", ctx="8k", hw="h100x8", fix=["sp=8"]),
+]
+
+
+def _space(spec: dict):
+    request = PlanRequest(**spec)
+    r = resolve(request)
+    return build_space(r.model, r.hardware, r.workload, profile=r.profile, fixed=request.fix)
+
+
+def _all_cells(space) -> Cells:
+    """Every cell of ``space`` priced: each layout, expert degree, micro-batch, sequence chunking and overlap."""
+    cells = Cells(space)
+    for sp, ring in space.layouts():
+        per = cells.per(sp, ring)
+        if per is None or not all(per.values()):
+            continue
+        for ep in per["ep"]:
+            for micro in per["micro_batch"]:
+                for seq in per["sequence_chunks"]:
+                    for overlap in per["overlap"]:
+                        cells.get(sp, ring, ep, micro, seq, overlap)
+    return cells
+
+
+@pytest.mark.parametrize("spec", SPACES, ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_the_cells_are_the_space_and_each_family_is_completed_at_its_optimum(spec):
+    space = _space(spec)
+    cells = _all_cells(space)
+    seen = [_candidate(space, c.base, c.rows, i) for c in cells.cells() for i in range(len(c.tps))]
+    assert len(seen) == len(set(seen)) == space.size() > 0
+    assert set(seen) == set(space.candidates())
+    # the best fitting point of every (sp, ring, ZeRO, checkpointing) family over the cells is the exhaustive one
+    groups, arrays = score_space(space)
+    exhaustive = {}
+    for g, i, fits, tps in zip(arrays["group"], arrays["row"], arrays["fits"], arrays["tps"]):
+        if fits:
+            base, rows = groups[int(g)]
+            family = family_of(_candidate(space, base, rows, int(i)))
+            exhaustive[family] = max(exhaustive.get(family, 0.0), float(tps))
+    found = {}
+    for cell in cells.cells():
+        for i in np.flatnonzero(cell.fits):
+            family = family_of(_candidate(space, cell.base, cell.rows, int(i)))
+            found[family] = max(found.get(family, 0.0), float(cell.tps[i]))
+    assert found == exhaustive
+    # and never behind the scalar dial walk (the scalar quick search's completion) of the same family
+    ev = Evaluator(space)
+    walked = 0
+    for sp, ring in space.layouts():
+        per = space.per_layout_choices(sp, ring)
+        if per is None or not all(per.values()):
+            continue
+        for zero in per["zero_stage"]:
+            for policy in per["checkpointing"]:
+                start = undialed(space, per, sp=sp, ring=ring, zero_stage=zero, micro_batch=per["micro_batch"][0],
+                                 checkpointing=policy, overlap=per["overlap"][-1])
+                done = None if space.reason(start) else complete(space, start, ev)
+                if done is not None:
+                    walked += 1
+                    best = max(tps for family, tps in found.items() if family[:2] == (sp, ring))
+                    assert ev(done).tokens_per_second <= best * (1 + 1e-9), done.short()
+    assert walked > 0
+
+
+@pytest.mark.parametrize("spec", SPACES, ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_the_quick_search_in_bulk_is_never_behind_the_scalar_one_and_near_the_optimum(spec):
+    space = _space(spec)
+    ev = Evaluator(space)
+    bulk = bulk_fast_throughput(space, ev)
+    scalar = fast_throughput(space, Evaluator(space), in_bulk=False)
+    groups, arrays = score_space(space)
+    optimum = float(np.max(np.where(arrays["fits"], arrays["tps"], -np.inf)))
+    cand, est = bulk.best  # priced by the scalar model through the evaluator
+    assert est == estimate(space.model, space.hardware, space.workload, cand, space.profile)
+    assert space.reason(cand) is None
+    assert est.tokens_per_second >= scalar.best[1].tokens_per_second * (1 - 1e-9)
+    assert est.tokens_per_second >= 0.99 * optimum
+    assert est.tokens_per_second <= optimum * (1 + 1e-9)
+    assert bulk.details["cells_priced"] >= 1 and bulk.evaluations < space.size()
+
+
+@pytest.mark.parametrize("spec", SPACES[1:4], ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_the_properties_the_bounds_rest_on(spec):
+    space = _space(spec)
+    cells = _all_cells(space)
+    checked = 0
+    for cell in cells.cells():
+        sp, ring, ep, micro, seq, overlap = cell.key
+        per = cells.per(sp, ring)
+        # a cell's bound: its undialed points without checkpointing, one per ZeRO stage
+        bound = max(tokens_per_second(space.model, space.hardware, space.workload,
+                                      undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=z, micro_batch=micro,
+                                               checkpointing="none", overlap=overlap, sequence_chunks=seq))
+                    for z in per["zero_stage"])
+        assert cell.tps.max() <= bound * (1 + 1e-9)
+        if seq != per["sequence_chunks"][0]:
+            # a chunked cell's points: bounded by the fastest point of their family in the unchunked cell of each
+            # structure that leads to it (head_pipeline gives way to kv_async with chunks)
+            for o in (o for o in per["overlap"] if chunk_overlap(o, seq) == overlap):
+                fastest = cells.priced[(sp, ring, ep, micro, per["sequence_chunks"][0], o)].family_stats[0]
+                for f in np.unique(cell.family):
+                    assert f % POLICIES in CHUNKED_POLICIES
+                    assert cell.tps[cell.family == f].max() <= fastest[f] * (1 + 1e-9)
+        for o in per["overlap"]:  # the overlap schedule changes no memory; kv_async never loses to none
+            other = cells.priced.get((sp, ring, ep, micro, seq, o))
+            if other is not None and o != overlap:
+                assert np.array_equal(other.memory, cell.memory)
+                if (overlap, o) == ("kv_async", "none"):
+                    assert np.all(cell.tps >= other.tps * (1 - 1e-12))
+        smaller = [m for m in per["micro_batch"] if m < micro]
+        if smaller:  # memory grows with the micro-batch, tokens/s at most in proportion (Cells.cap)
+            below = cells.priced.get((sp, ring, ep, smaller[-1], seq, overlap))
+            if below is not None:
+                assert np.all(cell.memory >= below.memory * (1 - 1e-12))
+                assert np.all(cell.tps <= micro / smaller[-1] * below.tps * (1 + 1e-9))
+                checked += 1
+    assert checked > 0
+
+
+def test_tokens_per_second_alone_is_the_estimates():
+    space = _space(dict(model="llama-3.1-8b", ctx="1M", hw="h100x1"))
+    cands = list(space.candidates())[::97]
+    assert any(c.offload_activations for c in cands) and any(c.offload_chunks for c in cands)
+    for cand in cands:
+        want = estimate(space.model, space.hardware, space.workload, cand).tokens_per_second
+        assert tokens_per_second(space.model, space.hardware, space.workload, cand) == want
