@@ -177,7 +177,7 @@ def run_autosp(model, ids, labels, args, rank, ring=1):
 def run_autosp_lean(model, ids, labels, args, rank):
     """autosp with the memory-lean plan: sequence checkpointing, MLP and logits+loss tiling (module docstring)."""
     import autosp
-    from autosp.cost_models.specs import Candidate
+    from autosp.contract.specs import Candidate
 
     plan = Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
                      loss_chunks=args.lean_tiles)
