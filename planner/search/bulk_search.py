@@ -30,6 +30,10 @@ TIE = 1e-9
 """Relative margin within which two bulk scores count as a tie: every tied candidate is re-scored by the scalar
 model, whose ranking (:func:`~autosp.planner.search.evaluator.rank_key`) then decides (bulk and scalar agree to 1e-12)."""
 
+ZERO_STAGES = len(BY_NAME["zero_stage"].values)
+"""Width of the ZeRO axis in a family id ((layout x ZeRO stage) x checkpointing policy), shared with the bulk quick
+search (fast_bulk.py)."""
+
 MAX_RESCORED = 4_000
 """At most this many candidates of a space go back to the scalar model (ties of a family beyond it are left out)."""
 
@@ -87,7 +91,8 @@ def space_groups(space):
             yield base, {k: v[mask] for k, v in rows.items()}
 
 
-def _candidate(space, base, rows: dict, i: int):
+def row_candidate(space, base, rows: dict, i: int):
+    """The Candidate of row ``i`` of a shape group (``base``: the group's shape knobs, ``rows``: its row arrays)."""
     knobs = {}
     for name in bulk.ROW_KNOBS:  # decode the row's arrays: enumerated knobs are indices into the table's values
         knob, value = BY_NAME[name], rows[name][i]
@@ -110,7 +115,7 @@ def score_space(space):
         # (a shape-group axis: an ep of its own gives the plan's report a best candidate per ep)
         shape = (*(getattr(base, name) for name in FAMILY if name not in rows), base.ep)
         layout = layouts.setdefault(shape, len(layouts))
-        family = (layout * 4 + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
+        family = (layout * ZERO_STAGES + rows["zero_stage"]) * len(CHECKPOINTING_POLICIES) + rows["checkpointing"]
         k = len(family)
         # the knob table's simplicity order: row knobs from their arrays, the group's shape knobs repeated
         simple = [(rows[knob.name] if knob.name in rows else np.full(k, knob.order_key(getattr(base, knob.name))))
@@ -175,7 +180,7 @@ def bulk_throughput(space, evaluator: Evaluator, seq_len: int | None = None, top
     if n:
         for i in _chosen_rows(arrays, top_k):
             base, rows = groups[int(arrays["group"][i])]
-            evaluator(_candidate(target, base, rows, int(arrays["row"][i])), seq)
+            evaluator(row_candidate(target, base, rows, int(arrays["row"][i])), seq)
     return SearchResult(strategy="exhaustive", seq_len=seq, ranked=ranked_at(evaluator, seq), evaluations=n,
                         details={"space_size": n, "bulk_evaluations": n, "scalar_evaluations": evaluator.calls})
 
@@ -193,7 +198,7 @@ def best_of(space, evaluator: Evaluator, seq_len: int | None = None):
     best = None
     for i in np.flatnonzero(tps >= top * (1 - TIE))[:MAX_RESCORED]:
         base, rows = groups[int(arrays["group"][i])]
-        cand = _candidate(space, base, rows, int(arrays["row"][i]))
+        cand = row_candidate(space, base, rows, int(arrays["row"][i]))
         est = evaluator(cand, seq)
         if est.fits and (best is None or est.tokens_per_second > best[1].tokens_per_second):
             best = (cand, est)
@@ -201,4 +206,4 @@ def best_of(space, evaluator: Evaluator, seq_len: int | None = None):
 
 
 __all__ = ["BULK_EXHAUSTIVE_CANDIDATES", "MAX_RESCORED", "TIE", "best_of", "bulk_throughput", "score_space",
-           "space_groups", "supported"]
+           "row_candidate", "space_groups", "supported"]

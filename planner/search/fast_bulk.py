@@ -4,7 +4,7 @@ families and the same light climb, each family completed exactly instead of by t
 A *cell* is one shape group of the bulk cost model (:func:`autosp.cost_models.bulk.estimate_group`) at one overlap
 schedule: a layout (sp, ring), an expert-parallel degree, a micro-batch, a sequence-chunk count and an overlap
 schedule, with every ZeRO stage, checkpointing policy, tiling level and offload of that layout as its rows. One bulk
-call prices a cell (about what five scalar estimates cost), so the search pays per cell, not per candidate:
+call prices a cell (one vectorised call, whatever its number of rows), so the search pays per cell, not per candidate:
 
 - every layout's first cell (micro-batch and sequence chunks at their first choice, the last overlap schedule) is
   queued with its bound: its undialed points without checkpointing, one per ZeRO stage (scalar, tokens/s alone;
@@ -41,7 +41,7 @@ from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
 from autosp.cost_models.estimate import tokens_per_second
 from autosp.cost_models.shapes import Shapes
-from autosp.planner.search.bulk_search import TIE, _candidate, group_mask, layout_rows
+from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import undialed
 from autosp.planner.search.space import chunk_overlap
@@ -87,8 +87,8 @@ class Cell:
     @functools.cached_property
     def family_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """(fastest point, fastest fitting point) per family id, tokens/s (-inf where none)."""
-        fastest = np.full(4 * POLICIES, -np.inf)
-        fitting = np.full(4 * POLICIES, -np.inf)
+        fastest = np.full(ZERO_STAGES * POLICIES, -np.inf)
+        fitting = np.full(ZERO_STAGES * POLICIES, -np.inf)
         np.maximum.at(fastest, self.family, self.tps)
         np.maximum.at(fitting, self.family, self.fit_tps)
         return fastest, fitting
@@ -178,8 +178,8 @@ class _Search:
     """The best-first branch and bound over cells (module docstring): ``best`` is (tokens/s, cell, row) of the
     fastest fitting point priced so far; ``queue`` holds the cells not priced yet, by their bound."""
 
-    def __init__(self, cells: Cells, evaluator: Evaluator, seq: int):
-        self.cells, self.evaluator, self.seq = cells, evaluator, seq
+    def __init__(self, cells: Cells):
+        self.cells = cells
         self.best: tuple[float, Cell | None, int] = (-np.inf, None, -1)
         self.queue: list = []  # heap of (-bound, order, cell key, structure, first)
         self.offered: set = set()
@@ -367,7 +367,7 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
     start = evaluator.calls
     cells = Cells(target)
-    search = _Search(cells, evaluator, seq)
+    search = _Search(cells)
     layouts = families = 0
     for sp, ring in target.layouts():
         per = cells.per(sp, ring)
@@ -382,7 +382,7 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
     search.layouts_climb()
     search.climb()
     for cell, i in _shown_rows(cells.cells(), search.best[0]):
-        evaluator(_candidate(target, cell.base, cell.rows, i), seq)
+        evaluator(row_candidate(target, cell.base, cell.rows, i), seq)
     scalar = evaluator.calls - start
     return SearchResult(strategy="fast", seq_len=seq, ranked=ranked_at(evaluator, seq),
                         evaluations=cells.rows + search.bound_evaluations + evaluator.calls,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autosp.cost_models.estimate import estimate
-from autosp.planner.search.bulk_search import _candidate, bulk_throughput, space_groups
+from autosp.planner.search.bulk_search import row_candidate, bulk_throughput, space_groups
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.search.exhaustive import exhaustive_throughput
 from autosp.planner.explain import explain_runner_ups
@@ -46,7 +46,7 @@ def test_bulk_estimate_equals_the_scalar_estimate_on_every_candidate(spec):
     for base, rows in space_groups(space):
         out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
         for i in range(len(out.step)):
-            cand = _candidate(space, base, rows, i)
+            cand = row_candidate(space, base, rows, i)
             ref = estimate(space.model, space.hardware, space.workload, cand, space.profile)
             for got, want, what in ((out.step[i], ref.time.step, "step time"), (out.memory[i], ref.memory.total, "memory"),
                                     (out.tokens_per_second[i], ref.tokens_per_second, "tokens/s")):

@@ -10,7 +10,7 @@ import pytest
 from autosp.contract.knobs import family_of
 from autosp.cost_models.estimate import estimate, tokens_per_second
 from autosp.planner.request import PlanRequest, resolve
-from autosp.planner.search.bulk_search import _candidate, score_space
+from autosp.planner.search.bulk_search import row_candidate, score_space
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.search.fast import fast_throughput, undialed
 from autosp.planner.search.fast_bulk import CHUNKED_POLICIES, POLICIES, Cells, bulk_fast_throughput
@@ -51,7 +51,7 @@ def _all_cells(space) -> Cells:
 def test_the_cells_are_the_space_and_each_family_is_completed_at_its_optimum(spec):
     space = _space(spec)
     cells = _all_cells(space)
-    seen = [_candidate(space, c.base, c.rows, i) for c in cells.cells() for i in range(len(c.tps))]
+    seen = [row_candidate(space, c.base, c.rows, i) for c in cells.cells() for i in range(len(c.tps))]
     assert len(seen) == len(set(seen)) == space.size() > 0
     assert set(seen) == set(space.candidates())
     # the best fitting point of every (sp, ring, ZeRO, checkpointing) family over the cells is the exhaustive one
@@ -60,12 +60,12 @@ def test_the_cells_are_the_space_and_each_family_is_completed_at_its_optimum(spe
     for g, i, fits, tps in zip(arrays["group"], arrays["row"], arrays["fits"], arrays["tps"]):
         if fits:
             base, rows = groups[int(g)]
-            family = family_of(_candidate(space, base, rows, int(i)))
+            family = family_of(row_candidate(space, base, rows, int(i)))
             exhaustive[family] = max(exhaustive.get(family, 0.0), float(tps))
     found = {}
     for cell in cells.cells():
         for i in np.flatnonzero(cell.fits):
-            family = family_of(_candidate(space, cell.base, cell.rows, int(i)))
+            family = family_of(row_candidate(space, cell.base, cell.rows, int(i)))
             found[family] = max(found.get(family, 0.0), float(cell.tps[i]))
     assert found == exhaustive
     # and never behind the scalar dial walk (the scalar quick search's completion) of the same family
