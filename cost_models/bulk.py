@@ -82,6 +82,13 @@ def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
     return lookup[keys]
 
 
+def _pick_columns(keys: np.ndarray, table: dict, width: int) -> np.ndarray:
+    """(width, len(keys)): column j is table[key][j] for each key (one gather for a table of tuples)."""
+    lookup = np.zeros((max(table) + 1, width))
+    lookup[list(table)] = list(table.values())
+    return lookup[keys].T
+
+
 def _distinct(values: np.ndarray) -> list[int]:
     """The distinct values of an array of small non-negative integers, ascending (np.unique without its sort)."""
     return np.flatnonzero(np.bincount(values)).tolist() if len(values) else []
@@ -103,7 +110,7 @@ def _xfer(nbytes, bandwidth: float):
 
 
 @dataclass(frozen=True)
-class _Rows:
+class RowSet:
     """A group's row knobs as arrays (:data:`ROW_KNOBS`), with the masks and the distinct values (few per group)
     that the sections below key their small tables on."""
 
@@ -126,12 +133,14 @@ class _Rows:
     zeros: list
 
 
-def _row_arrays(rows: dict) -> _Rows:
+def row_set(rows: dict) -> RowSet:
+    """The row knobs of ``rows`` (arrays of :data:`ROW_KNOBS`) with their masks and distinct values, built once for
+    a group whose rows are priced at many shapes (a search's cells share their rows)."""
     zero = np.asarray(rows["zero_stage"])
     ckpt = np.asarray(rows["checkpointing"])
     mlp = np.asarray(rows["mlp_chunks"])
     loss = np.asarray(rows["loss_chunks"])
-    return _Rows(zero=zero, opt=np.asarray(rows["offload_optimizer"], dtype=bool),
+    return RowSet(zero=zero, opt=np.asarray(rows["offload_optimizer"], dtype=bool),
                  param=np.asarray(rows["offload_param"], dtype=bool) & (zero == 3), ckpt=ckpt, mlp=mlp, loss=loss,
                  off_chunks=np.asarray(rows["offload_chunks"], dtype=bool),
                  off_act=np.asarray(rows["offload_activations"], dtype=bool), overlap=np.asarray(rows["overlap"]),
@@ -155,7 +164,7 @@ class _States:
     expert_o: np.ndarray
 
 
-def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: _Rows) -> _States:
+def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: RowSet) -> _States:
     dtype = workload.dtype
     nd = base.sp * base.dp
     ms = sh.moe
@@ -193,7 +202,7 @@ class _Activations:
     activations: np.ndarray
 
 
-def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: _Rows) -> _Activations:
+def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: RowSet) -> _Activations:
     e, s, L, N = sh.e, sh.s, sh.L, sh.N
     nd = base.sp * base.dp
     ms = sh.moe
@@ -244,7 +253,7 @@ def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: _Rows) -
     return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=activations)
 
 
-def _memory_total(sh: Shapes, base: Candidate, r: _Rows, st: _States, act: _Activations) -> np.ndarray:
+def _memory_total(sh: Shapes, base: Candidate, r: RowSet, st: _States, act: _Activations) -> np.ndarray:
     """MemoryBreakdown.total: the larger of the loss phase and the backward phase, plus the reserve."""
     nd = base.sp * base.dp
     kept, activations, grads, expert_g = act.kept, act.activations, st.grads, st.expert_g
@@ -284,7 +293,7 @@ class _Compute:
     forwards_table: dict           # policy index -> flops.layer_forwards_recomputed
 
 
-def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows) -> _Compute:
+def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet) -> _Compute:
     acc = hw.accelerator
     mm_rate = acc.peak_flops * hw.matmul_efficiency
     att_rate = acc.peak_flops * hw.attention_efficiency
@@ -329,7 +338,7 @@ def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candida
 
 # ---------------------------------------------------------------------- communication and host copies
 
-def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> tuple:
+def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> tuple:
     """The optimizer step's seconds and the optimizer offload's exposed copy, per step."""
     nd = base.sp * base.dp
     psi = sh.n_params
@@ -345,7 +354,7 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c:
     return t_optimizer, optimizer_offload
 
 
-def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray:
     """Parameter offload's exposed fetches per micro-batch (param_offload.fetch_times), the recompute pass only
     under full checkpointing."""
     nd = base.sp * base.dp
@@ -360,7 +369,7 @@ def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows
                     + np.where(r.full, fetch_exposed(c.t_recompute), 0.0), 0.0)
 
 
-def _attention_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+def _attention_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray:
     """The exposed attention communication per micro-batch: Ulysses all-to-alls, then the ring's exchanges."""
     L, prof = sh.L, sh.prof
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
@@ -384,7 +393,7 @@ def _attention_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, 
     return exposed + L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)
 
 
-def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Compute,
+def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Compute,
                                 act: _Activations) -> np.ndarray:
     """Activation and sequence-chunk offload's exposed copies per micro-batch."""
     e, L, N, n = sh.e, sh.L, sh.N, r.n
@@ -421,7 +430,7 @@ def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Comp
                                                       + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
 
 
-def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Compute) -> np.ndarray:
+def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Compute) -> np.ndarray:
     """A mixture of experts' dispatch and combine all-to-alls per micro-batch, per (policy, MLP tiles)."""
     ms = sh.moe
     if ms is None or ms.ep <= 1:
@@ -431,7 +440,7 @@ def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: _Rows, c: _Compute) -> np.n
     return _pick(r.ckpt * 1024 + r.mlp, expert_table)
 
 
-def _zero_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _Compute) -> np.ndarray:
+def _zero_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray:
     """ZeRO's exposed collectives per step (a mixture of experts' routed experts over their own group:
     step_time._zero_times)."""
     zero_tables = {z: _zero_times(hw, _proxy(base, zero_stage=z), sh, sh.n_params) for z in r.zeros}
@@ -444,11 +453,11 @@ def _zero_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: _Rows, c: _C
     return exposed + np.where(r.zero == 3, ga * z_fwd / sh.L, 0.0)
 
 
-def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict,
+def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base: Candidate, rows: dict | RowSet,
                    profile=None) -> Bulk:
     """Memory, step time and tokens/s of the candidates ``base`` with each row of ``rows`` (arrays of
-    :data:`ROW_KNOBS`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch, grad_accum, sequence_chunks
-    and, for a mixture of experts, ep (``sh.moe``: its expert terms, cost_models/moe.py).
+    :data:`ROW_KNOBS`, or their :func:`row_set`) applied. ``base`` sets the shape: sp, ring, dp, micro_batch,
+    grad_accum, sequence_chunks and, for a mixture of experts, ep (``sh.moe``: its expert terms, cost_models/moe.py).
     The rows must be canonical candidates (as :meth:`SearchSpace.candidates` yields them)."""
     why = supported(hw)
     if why:
@@ -456,7 +465,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     if base.world_size > hw.world_size:
         raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
     sh = Shapes(model, workload, base, profile)
-    r = _row_arrays(rows)
+    r = rows if isinstance(rows, RowSet) else row_set(rows)
     states = _model_states(sh, workload, base, r)
     act = _activation_bytes(sh, hw, base, r)
     total = _memory_total(sh, base, r, states, act)
@@ -501,4 +510,4 @@ def estimate_many(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands,
     return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
 
 
-__all__ = ["Bulk", "ROW_KNOBS", "estimate_group", "estimate_many", "row_of", "shape_of", "supported"]
+__all__ = ["Bulk", "ROW_KNOBS", "RowSet", "estimate_group", "estimate_many", "row_of", "row_set", "shape_of", "supported"]

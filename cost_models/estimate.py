@@ -20,7 +20,7 @@ from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memor
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
-from autosp.cost_models.step_time import step_time_parts
+from autosp.cost_models.step_time import step_seconds_over_zero_stages, step_time_parts
 
 
 def _check(hw: HardwareSpec, cand: Candidate) -> None:
@@ -66,6 +66,21 @@ def tokens_per_second(model: ModelSpec, hw: HardwareSpec, workload: Workload, ca
     if cand.offload_activations or cand.offload_chunks:
         per_layer = _memory_breakdown(model, hw, workload.dtype, cand, sh)[1][2]
     return _tokens_per_second(workload, cand, step_time_parts(hw, cand, sh, sh.n_params, per_layer)[0].step)
+
+
+def tokens_per_second_over_zero_stages(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands: list[Candidate],
+                                       profile: ModelProfile | None = None, shapes: Shapes | None = None) -> list[float]:
+    """:func:`tokens_per_second` of each of ``cands``, candidates of one shape that differ only in their ZeRO stage
+    (and optimizer offload): the same numbers, the terms no stage changes computed once
+    (:func:`step_time.step_seconds_over_zero_stages`) unless the candidates offload parameters, activations or
+    sequence chunks (then one by one)."""
+    for cand in cands:
+        _check(hw, cand)
+    sh = Shapes(model, workload, cands[0], profile) if shapes is None else shapes
+    if any(c.offload_param or c.offload_activations or c.offload_chunks for c in cands):
+        return [tokens_per_second(model, hw, workload, c, profile, sh) for c in cands]
+    steps = step_seconds_over_zero_stages(hw, cands, sh, sh.n_params)
+    return [_tokens_per_second(workload, cand, step) for cand, step in zip(cands, steps)]
 
 
 def _chunk_notes(hw: HardwareSpec, cand: Candidate, sh: Shapes, host_total: float) -> tuple[str, ...]:
@@ -177,4 +192,5 @@ def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str 
     return lo * step
 
 
-__all__ = ["attention_share", "estimate", "fits", "max_seq_len", "memory_only", "tokens_per_second"]
+__all__ = ["attention_share", "estimate", "fits", "max_seq_len", "memory_only", "tokens_per_second",
+           "tokens_per_second_over_zero_stages"]

@@ -104,6 +104,34 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     return breakdown, ga * ring_micro, ga * ring_exposed_micro
 
 
+def step_seconds_over_zero_stages(hw: HardwareSpec, cands: list[Candidate], sh: Shapes, n_params: float) -> list[float]:
+    """``step_time_parts(hw, cand, sh, n_params, 0.0)[0].step`` for each of ``cands``: candidates of one shape
+    that differ only in their ZeRO stage (and optimizer offload) and offload neither parameters, activations nor sequence chunks (a
+    search's speed bound: its undialed points, one per stage). The terms no ZeRO stage changes (the compute, the
+    attention's communication, the experts' all-to-alls) are computed once; each step adds them up in
+    step_time_parts' order, so every result is that function's to the last bit."""
+    first = cands[0]
+    shared = {k: v for k, v in first.__dict__.items() if k not in ("zero_stage", "offload_optimizer")}
+    if any(c.offload_param or c.offload_activations or c.offload_chunks for c in cands) or any(
+            {k: v for k, v in c.__dict__.items() if k not in ("zero_stage", "offload_optimizer")} != shared
+            for c in cands[1:]):
+        raise ValueError("step_seconds_over_zero_stages takes candidates that differ only in their ZeRO stage "
+                         "and offload neither parameters, activations nor sequence chunks")
+    c = _micro_compute(hw, first, sh)
+    _copy, attention_exposed, _ring, _ring_exposed = _attention_comm(hw, first, sh, c)
+    expert_micro = comm.expert_all_to_all_time(hw, sh.moe, sh.s, sh.e, flops.layer_forwards_recomputed(sh, first)[0],
+                                               first.mlp_chunks)
+    ga = first.grad_accum
+    steps = []
+    for cand in cands:
+        t_optimizer, optimizer_offload = _optimizer_times(hw, cand, sh, n_params, c)
+        _total, zero_exposed = _zero(hw, cand, sh, n_params, c)
+        compute = ga * c.micro + t_optimizer
+        exposed = ga * (attention_exposed + expert_micro) + zero_exposed
+        steps.append(compute + exposed + optimizer_offload)  # no activation or parameter offload: 0 + 0 there
+    return steps
+
+
 @dataclass(slots=True)  # built once per estimate: no frozen-init overhead
 class _Micro:
     """The compute of one micro-batch (seconds) and the rates the communication terms compare it with."""
@@ -242,4 +270,5 @@ def _zero(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Mi
 
 
 __all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "HOST_DRAM_BANDWIDTH_PER_NODE",
-           "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "step_time", "step_time_parts"]
+           "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "step_seconds_over_zero_stages", "step_time",
+           "step_time_parts"]

@@ -15,12 +15,22 @@ from autosp.units import format_gib, format_tokens
 
 def _leanest(space, seq_len: int):
     """(candidate, estimate) with the least memory among the memory-lean corner of the space (each priced by its
-    memory alone, the leanest then estimated in full: the same choice, at a third of the cost)."""
-    from autosp.cost_models.estimate import estimate, memory_only
+    memory alone, the leanest then estimated in full)."""
+    from autosp.cost_models.estimate import estimate
 
     workload = replace(space.workload, seq_len=seq_len)
     target = space.with_workload(workload)
-    best = None
+    corner = [cand for cand in _lean_corner(target) if not target.reason(cand)]
+    if not corner:
+        return None
+    best = _least_memory(target, workload, corner)
+    return best, estimate(target.model, target.hardware, workload, best, target.profile)
+
+
+def _lean_corner(target):
+    """The memory-lean corner of each layout: every knob at its lean value (autosp.contract.knobs), then the
+    variations that trade one memory for another: checkpointing, the offloads (they share the host's memory), ZeRO
+    stage with loss tiling, ep."""
     for sp, ring in target.layouts():
         per = target.per_layout_choices(sp, ring)
         if per is None or not per["micro_batch"]:
@@ -34,23 +44,39 @@ def _leanest(space, seq_len: int):
         seq = max(per["sequence_chunks"] or (1,))
         offloads = [(True, 1, False), (False, 1, False), (False, seq, False), (False, seq, True)]
         eps = sorted({per["ep"][0], per["ep"][-1]})  # no expert parallelism, or the most (cost_models/moe.py)
-        # every knob at its lean value (autosp.contract.knobs), then the variations that trade one memory for
-        # another: checkpointing, the offloads (they share the host's memory), ZeRO stage with loss tiling, ep
         lean = lean_knobs({name: values or (BY_NAME[name].default,) for name, values in per.items()})
         params = lean_alternatives("offload_param", per["offload_param"] or (False,))
         for ckpt, (offload, chunks, chunk_off), optim, (zero, loss), ep, param in itertools.product(
                 ("full", "sequence"), offloads, (True, False), sorted(zero_loss), eps, params):
-            cand = target.make(**dict(lean, sp=sp, ring=ring, zero_stage=zero, checkpointing=ckpt, loss_chunks=loss,
-                                      offload_activations=offload, overlap="none", offload_optimizer=optim,
-                                      sequence_chunks=chunks, offload_chunks=chunk_off and chunks > 1, ep=ep,
-                                      offload_param=param))
-            if target.reason(cand):
-                continue
-            memory = memory_only(target.model, target.hardware, workload, cand, target.profile).total
-            if best is None or memory < best[1]:
-                best = (cand, memory)
-    return None if best is None else (best[0], estimate(target.model, target.hardware, workload, best[0],
-                                                        target.profile))
+            yield target.make(**dict(lean, sp=sp, ring=ring, zero_stage=zero, checkpointing=ckpt, loss_chunks=loss,
+                                     offload_activations=offload, overlap="none", offload_optimizer=optim,
+                                     sequence_chunks=chunks, offload_chunks=chunk_off and chunks > 1, ep=ep,
+                                     offload_param=param))
+
+
+NEAR_LEAST = 1e-9
+"""Corner points whose bulk-priced memory is within this fraction of the least go back to the scalar memory model,
+which decides among them (the bulk model agrees with it to 1e-12: the choice is the scalar model's)."""
+
+
+def _least_memory(target, workload, corner: list):
+    """The first point of ``corner`` with the least memory by the scalar model: the corner is priced in bulk (one
+    vectorised call per shape, where the bulk model prices this hardware) and only the points near the least are
+    priced again one by one."""
+    from autosp.cost_models import bulk
+    from autosp.cost_models.estimate import memory_only
+
+    if bulk.supported(target.hardware) is None:
+        memories = bulk.estimate_many(target.model, target.hardware, workload, corner, target.profile).memory
+        least = memories.min()
+        if math.isfinite(least):
+            corner = [cand for cand, m in zip(corner, memories) if m <= least * (1 + NEAR_LEAST)]
+    best = None
+    for cand in corner:
+        memory = memory_only(target.model, target.hardware, workload, cand, target.profile).total
+        if best is None or memory < best[1]:
+            best = (cand, memory)
+    return best[0]
 
 
 def _needs(cand: Candidate, est: Estimate) -> str:

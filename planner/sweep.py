@@ -102,6 +102,9 @@ def run(reqs: list[PlanRequest], cache=None, jobs: int = 1) -> list[dict]:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
+            import autosp.planner.api  # noqa: F401  imported once here: the forked workers inherit it
+            import autosp.planner.search.fast_bulk  # noqa: F401
+
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
                 futures = {pool.submit(plan_one, r, cache): i for i, r in enumerate(reqs)}

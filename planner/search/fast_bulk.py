@@ -39,7 +39,7 @@ import numpy as np
 
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
-from autosp.cost_models.estimate import tokens_per_second
+from autosp.cost_models.estimate import tokens_per_second_over_zero_stages
 from autosp.cost_models.shapes import Shapes
 from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
@@ -96,7 +96,7 @@ class Cell:
 
 @functools.lru_cache(maxsize=512)
 def _cell_rows(choices: tuple, seq: int):
-    """(row arrays, family ids) of a cell whose row knobs take ``choices`` ((name, values) pairs, the layout's
+    """(row arrays, family ids, the rows' :class:`~autosp.cost_models.bulk.RowSet`) of a cell whose row knobs take ``choices`` ((name, values) pairs, the layout's
     choices at one overlap schedule) with ``seq`` sequence chunks, or None when no row is canonical. A pure function
     of its arguments, kept across the requests of a process (a sweep's requests share most layouts' choices); the
     arrays are read-only."""
@@ -110,7 +110,7 @@ def _cell_rows(choices: tuple, seq: int):
     family = np.asarray(rows["zero_stage"], dtype=np.int64) * POLICIES + rows["checkpointing"]
     for array in (*rows.values(), family):
         array.setflags(write=False)
-    return rows, family
+    return rows, family, bulk.row_set(rows)
 
 
 class Cells:
@@ -138,10 +138,10 @@ class Cells:
             choices = tuple((name, (overlap,) if name == "overlap" else per[name]) for name in bulk.ROW_KNOBS)
             found = _cell_rows(choices, seq)
             if found is not None:
-                rows, family = found
+                rows, family, row_set = found
                 space = self.space
                 base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)
-                out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
+                out = bulk.estimate_group(space.model, space.hardware, space.workload, base, row_set, space.profile)
                 cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family)
                 self.rows += len(family)
         self.priced[key] = cell
@@ -204,15 +204,15 @@ class _Search:
         for policy in policies:
             first = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=per["zero_stage"][0], micro_batch=micro,
                              checkpointing=policy, overlap=overlap, sequence_chunks=seq)
-            for zero in per["zero_stage"]:
-                cand = first if zero == first.zero_stage else replace(first, zero_stage=zero)  # no offload: canonical
-                if space.reason(cand):
-                    return np.inf  # no undialed point to bound the cell by: price it
-                if shapes is None:  # the cell's shape group: one Shapes for all its undialed points
-                    shapes = Shapes(space.model, space.workload, cand, space.profile)
-                top = max(top, tokens_per_second(space.model, space.hardware, space.workload, cand, space.profile,
-                                                 shapes))
-                self.bound_evaluations += 1
+            stages = [first if zero == first.zero_stage else replace(first, zero_stage=zero)  # no offload: canonical
+                      for zero in per["zero_stage"]]
+            if any(space.reason(cand) for cand in stages):
+                return np.inf  # no undialed point to bound the cell by: price it
+            if shapes is None:  # the cell's shape group: one Shapes for all its undialed points
+                shapes = Shapes(space.model, space.workload, first, space.profile)
+            top = max(top, *tokens_per_second_over_zero_stages(space.model, space.hardware, space.workload, stages,
+                                                                space.profile, shapes))
+            self.bound_evaluations += len(stages)
         return top
 
     def offer(self, sp: int, ring: int, micro: int, overlap: str) -> None:

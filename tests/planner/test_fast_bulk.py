@@ -149,3 +149,21 @@ def test_tokens_per_second_alone_is_the_estimates():
     for cand in cands:
         want = estimate(space.model, space.hardware, space.workload, cand).tokens_per_second
         assert tokens_per_second(space.model, space.hardware, space.workload, cand) == want
+
+
+@pytest.mark.parametrize("spec", SPACES, ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_tokens_per_second_over_zero_stages_is_each_stages_own(spec):
+    """The bound's shared-terms pricing (one shape, the ZeRO stages apart) gives every candidate's own number to
+    the last bit, optimizer offload and pins included."""
+    from autosp.cost_models.estimate import tokens_per_second_over_zero_stages
+
+    space = _space(spec)
+    by_rest: dict = {}
+    for cand in space.candidates():
+        rest = {k: v for k, v in cand.__dict__.items() if k not in ("zero_stage", "offload_optimizer")}
+        by_rest.setdefault(tuple(sorted(rest.items())), []).append(cand)
+    groups = [g for g in by_rest.values() if len(g) > 1][::7]
+    assert groups and any(not (c.offload_param or c.offload_activations or c.offload_chunks) for g in groups for c in g)
+    for group in groups:
+        got = tokens_per_second_over_zero_stages(space.model, space.hardware, space.workload, group, space.profile)
+        assert got == [tokens_per_second(space.model, space.hardware, space.workload, c, space.profile) for c in group]

@@ -35,7 +35,7 @@ ALLOWED = {
     **{("planner/search/fast_bulk.py", scope): "a cell of the bulk quick search: one shape group of the bulk cost "
                                                "model (its knobs that are not ROW_KNOBS) at one overlap schedule"
        for scope in ("get", "cap", "_bound")},
-    ("planner/diagnose.py", "_leanest"): "the diagnosis's variations (checkpointing, the offloads that share host "
+    ("planner/diagnose.py", "_lean_corner"): "the diagnosis's variations (checkpointing, the offloads that share host "
                                          "memory, ZeRO stage with loss tiling, ep) around the table's lean values",
     ("compiler/api.py", "resolve_candidate"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
                                               "Candidate carries every knob)",
