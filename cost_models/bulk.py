@@ -20,7 +20,7 @@ difference <= 1e-12). A term added to the scalar model must be added here too (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -131,21 +131,48 @@ class RowSet:
     mlp_values: list
     loss_values: list
     zeros: list
+    projections: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def projection(self, names: tuple[str, ...]) -> tuple["RowSet", np.ndarray]:
+        """(the distinct rows of the knobs ``names`` as a RowSet of their own, each row's index into it): a term
+        that reads only those knobs is computed once per distinct row and gathered back. Kept with the rows (a
+        search prices one RowSet at many shapes)."""
+        if names not in self.projections:
+            key = np.zeros(self.n, dtype=np.int64)
+            for name in names:
+                values = np.asarray(getattr(self, name), dtype=np.int64)
+                key = key * (int(values.max(initial=0)) + 1) + values
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+            sub = _row_set_of(*(getattr(self, name)[first] for name in _ROW_FIELDS))
+            self.projections[names] = (sub, inverse.reshape(-1))
+        return self.projections[names]
+
+
+_ROW_FIELDS = ("zero", "opt", "param", "ckpt", "mlp", "loss", "off_chunks", "off_act", "overlap")
+
+
+def _row_set_of(zero, opt, param, ckpt, mlp, loss, off_chunks, off_act, overlap) -> RowSet:
+    return RowSet(zero=zero, opt=opt, param=param, ckpt=ckpt, mlp=mlp, loss=loss, off_chunks=off_chunks,
+                  off_act=off_act, overlap=overlap, n=len(zero), full=ckpt == FULL, loss_tiled=loss > 1,
+                  mlp_tiled=mlp > 1, policies=_distinct(ckpt), mlp_values=_distinct(mlp), loss_values=_distinct(loss),
+                  zeros=_distinct(zero))
 
 
 def row_set(rows: dict) -> RowSet:
     """The row knobs of ``rows`` (arrays of :data:`ROW_KNOBS`) with their masks and distinct values, built once for
     a group whose rows are priced at many shapes (a search's cells share their rows)."""
     zero = np.asarray(rows["zero_stage"])
-    ckpt = np.asarray(rows["checkpointing"])
-    mlp = np.asarray(rows["mlp_chunks"])
-    loss = np.asarray(rows["loss_chunks"])
-    return RowSet(zero=zero, opt=np.asarray(rows["offload_optimizer"], dtype=bool),
-                 param=np.asarray(rows["offload_param"], dtype=bool) & (zero == 3), ckpt=ckpt, mlp=mlp, loss=loss,
-                 off_chunks=np.asarray(rows["offload_chunks"], dtype=bool),
-                 off_act=np.asarray(rows["offload_activations"], dtype=bool), overlap=np.asarray(rows["overlap"]),
-                 n=len(zero), full=ckpt == FULL, loss_tiled=loss > 1, mlp_tiled=mlp > 1,
-                 policies=_distinct(ckpt), mlp_values=_distinct(mlp), loss_values=_distinct(loss), zeros=_distinct(zero))
+    return _row_set_of(zero, np.asarray(rows["offload_optimizer"], dtype=bool),
+                       np.asarray(rows["offload_param"], dtype=bool) & (zero == 3), np.asarray(rows["checkpointing"]),
+                       np.asarray(rows["mlp_chunks"]), np.asarray(rows["loss_chunks"]),
+                       np.asarray(rows["offload_chunks"], dtype=bool), np.asarray(rows["offload_activations"], dtype=bool),
+                       np.asarray(rows["overlap"]))
+
+
+STATE_FREE = ("ckpt", "mlp", "loss", "off_chunks", "off_act", "overlap")
+"""The row knobs the activations, the compute and the attention's and activation offload's exposed times read: no
+ZeRO stage, optimizer or parameter offload. Those terms are computed over the distinct rows of these knobs (a
+seventh of a group's rows or fewer) and gathered back (:meth:`RowSet.projection`)."""
 
 
 # ---------------------------------------------------------------------- memory (memory.memory_breakdown)
@@ -200,11 +227,17 @@ class _Activations:
     saved_chunk: float
     kept: np.ndarray
     activations: np.ndarray
+    host: np.ndarray               # host bytes of the activation and chunk offloads (the optimizer's apart)
+
+    def gathered(self, index: np.ndarray) -> "_Activations":
+        """These per-row arrays at rows ``index`` (from a projection's distinct rows back to all rows)."""
+        return _Activations(per_layer=self.per_layer[index], saved_chunk=self.saved_chunk, kept=self.kept[index],
+                            activations=self.activations[index], host=self.host[index])
 
 
-def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: RowSet) -> _Activations:
+def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
+    """The activations of rows that differ in :data:`STATE_FREE` knobs only (the host's limit: :func:`_over_host`)."""
     e, s, L, N = sh.e, sh.s, sh.L, sh.N
-    nd = base.sp * base.dp
     ms = sh.moe
     ckpt, mlp, off_chunks, off_act = r.ckpt, r.mlp, r.off_chunks, r.off_act
     chunked = N > 1
@@ -237,20 +270,28 @@ def _activation_bytes(sh: Shapes, hw: HardwareSpec, base: Candidate, r: RowSet) 
         transient = np.where(recomputed, transient + extra, transient)
         host = np.where(recomputed & off_chunks, host + (L * layer_set + chunk_kv_acc) - (L - 1) * layer_set, host)
     else:
-        def phases(key):
-            policy, m = CHECKPOINTING_POLICIES[key // 1024], key % 1024
-            mlp_phase, mlp_fixed, attn_phase, attn_fixed = memory.layer_transient_phases(sh, policy, m)
-            mlp_fixed += moe.transient_bytes_per_token(ms, e, policy)
-            return max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
+        table = {}
+        for p in r.policies:  # memory.layer_transient_phases, the attention phase once per policy
+            policy = CHECKPOINTING_POLICIES[p]
+            attn_phase, attn_fixed = memory.layer_attention_phase(sh, policy)
+            attention = s * e * attn_phase + s * attn_fixed
+            experts = moe.transient_bytes_per_token(ms, e, policy)
+            for m in r.mlp_values:
+                mlp_phase, mlp_fixed = memory.layer_mlp_phase(sh, policy, m)
+                table[p * 1024 + m] = max(s * e * mlp_phase + s * (mlp_fixed + experts), attention)
+        transient = _pick(ckpt * 1024 + mlp, table)
+    return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=kept + transient,
+                        host=host)
 
-        tkey = ckpt * 1024 + mlp
-        transient = _pick(tkey, {p * 1024 + m: phases(p * 1024 + m) for p in r.policies for m in r.mlp_values})
-    activations = kept + transient
+
+def _over_host(sh: Shapes, hw: HardwareSpec, base: Candidate, r: RowSet, act: _Activations) -> _Activations:
+    """``act`` with the backward's peak infinite where the offloads (activations, chunks, optimizer, parameters)
+    need more host memory than there is."""
+    nd = base.sp * base.dp
     psi = sh.n_params
-    host_total = host + np.where(r.opt, 16.0 * psi / nd, 0.0) + np.where(r.param, e * psi / nd, 0.0)
+    host_total = act.host + np.where(r.opt, 16.0 * psi / nd, 0.0) + np.where(r.param, sh.e * psi / nd, 0.0)
     over_host = (host_total > 0) & (host_total > memory.host_bytes_available(hw))
-    activations = np.where(over_host, np.inf, activations)
-    return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=activations)
+    return replace(act, activations=np.where(over_host, np.inf, act.activations))
 
 
 def _memory_total(sh: Shapes, base: Candidate, r: RowSet, st: _States, act: _Activations) -> np.ndarray:
@@ -291,6 +332,11 @@ class _Compute:
     forwards: np.ndarray           # layer forwards recomputed, per row (flops.layer_forwards_recomputed)
     with_attention: np.ndarray     # whether the recompute runs attention again
     forwards_table: dict           # policy index -> flops.layer_forwards_recomputed
+
+    def gathered(self, index: np.ndarray) -> "_Compute":
+        """These per-row arrays at rows ``index`` (from a projection's distinct rows back to all rows)."""
+        return replace(self, t_recompute=self.t_recompute[index], forwards=self.forwards[index],
+                       with_attention=self.with_attention[index])
 
 
 def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet) -> _Compute:
@@ -466,18 +512,22 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
         raise ValueError(f"candidate needs {base.world_size} GPUs; {hw.name} has {hw.world_size}")
     sh = Shapes(model, workload, base, profile)
     r = rows if isinstance(rows, RowSet) else row_set(rows)
-    states = _model_states(sh, workload, base, r)
-    act = _activation_bytes(sh, hw, base, r)
-    total = _memory_total(sh, base, r, states, act)
+    # the terms no ZeRO stage or optimizer/parameter offload changes, over the distinct rows of the other knobs
+    free, back = r.projection(STATE_FREE)
+    act_free = _activation_bytes(sh, free)
+    c_free = _compute_times(model, hw, sh, base, free)
+    attention_exposed = _attention_exposed(hw, sh, base, free, c_free)[back]
+    activation_offload = _activation_offload_exposed(hw, sh, free, c_free, act_free)[back]
+    act = _over_host(sh, hw, base, r, act_free.gathered(back))
+    c = c_free.gathered(back)
 
-    c = _compute_times(model, hw, sh, base, r)
+    states = _model_states(sh, workload, base, r)
+    total = _memory_total(sh, base, r, states, act)
     t_optimizer, optimizer_offload = _optimizer_times(hw, sh, base, r, c)
     ga = base.grad_accum
     compute = ga * (c.t_fwd + c.t_bwd + c.t_recompute) + t_optimizer
-    exposed = ga * (_attention_exposed(hw, sh, base, r, c) + _expert_exposed(hw, sh, r, c)) \
-        + _zero_exposed(hw, sh, base, r, c)
-    offload = ga * (_activation_offload_exposed(hw, sh, r, c, act) + _param_fetch_exposed(hw, sh, base, r, c)) \
-        + optimizer_offload
+    exposed = ga * (attention_exposed + _expert_exposed(hw, sh, r, c)) + _zero_exposed(hw, sh, base, r, c)
+    offload = ga * (activation_offload + _param_fetch_exposed(hw, sh, base, r, c)) + optimizer_offload
     step = compute + exposed + offload
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)

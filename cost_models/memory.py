@@ -172,18 +172,32 @@ def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[fl
       recompute) holds only n1, q, k, v and the residual gradient besides its buffers, well below this
       phase, so it never sets the peak (tested for every preset).
     """
+    return (*layer_mlp_phase(sh, policy, mlp_chunks), *layer_attention_phase(sh, policy))
+
+
+def layer_mlp_phase(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[float, float]:
+    """(elements, fixed bytes) per local token of the MLP backward phase (:func:`layer_transient_phases`)."""
     p = sh.prof
     i = POLICY_INDEX[policy]
-    c = sh.kv_copies
-    re_mlp, re_attn, grads = p.recompute_mlp_phase[i], p.recompute_attn_phase[i], p.attn_grads
+    re_mlp = p.recompute_mlp_phase[i]
     mlp_live, live_fixed = profile.mlp_live_per_token(p, i, mlp_chunks)
-    mlp_phase = (re_mlp.other + re_mlp.kv * c) + mlp_live + p.mlp_grads.other / mlp_chunks + p.mlp_phase_grads.other
+    mlp_phase = (re_mlp.other + re_mlp.kv * sh.kv_copies) + mlp_live + p.mlp_grads.other / mlp_chunks \
+        + p.mlp_phase_grads.other
     mlp_fixed = re_mlp.fixed + live_fixed + p.mlp_grads.fixed / mlp_chunks + p.mlp_phase_grads.fixed
+    return mlp_phase, mlp_fixed
+
+
+def layer_attention_phase(sh: Shapes, policy: str) -> tuple[float, float]:
+    """(elements, fixed bytes) per local token of the attention backward phase (:func:`layer_transient_phases`):
+    no MLP tiling changes it."""
+    p = sh.prof
+    c = sh.kv_copies
+    re_attn, grads = p.recompute_attn_phase[POLICY_INDEX[policy]], p.attn_grads
     attn_phase = (re_attn.other + re_attn.kv * c) + grads.other + grads.kv * c
     if policy == "sequence":  # a pure ring recomputes q, k, v under `sequence` (ring.py)
         attn_phase += ring.sequence_policy_without_all_to_all(sh)[1]
     attn_fixed = re_attn.fixed + grads.fixed + ring.backward_extra_bytes(sh)
-    return mlp_phase, mlp_fixed, attn_phase, attn_fixed
+    return attn_phase, attn_fixed
 
 
 def layer_transient_elems(sh: Shapes, policy: str, mlp_chunks: int) -> float:
@@ -358,6 +372,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
 
 __all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION", "LOSS_FP32_BYTES", "NCCL_BYTES",
            "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "expert_state_bytes", "host_bytes_available",
-           "layer_extra_bytes", "layer_saved_elems", "layer_transient_elems", "layer_transient_phases",
+           "layer_extra_bytes", "layer_saved_elems", "layer_attention_phase", "layer_mlp_phase", "layer_transient_elems",
+           "layer_transient_phases",
            "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "reserve_bytes",
            "state_bytes_per_param", "zero3_gathered_params", "zero_state_bytes"]

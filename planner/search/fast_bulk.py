@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from autosp.cost_models.shapes import Shapes
 from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import undialed
-from autosp.planner.search.space import chunk_overlap
+from autosp.planner.search.space import chunk_overlap, pin_reason
 
 POLICIES = len(CHECKPOINTING_POLICIES)
 CHUNKED_POLICIES = tuple(CHECKPOINTING_POLICIES.index(p) for p in ("none", "full"))
@@ -204,9 +204,11 @@ class _Search:
         for policy in policies:
             first = undialed(space, per, sp=sp, ring=ring, ep=ep, zero_stage=per["zero_stage"][0], micro_batch=micro,
                              checkpointing=policy, overlap=overlap, sequence_chunks=seq)
-            stages = [first if zero == first.zero_stage else replace(first, zero_stage=zero)  # no offload: canonical
+            # no offload: canonical at every stage (built from the fields: dataclasses.replace costs twice as much)
+            stages = [first if zero == first.zero_stage else Candidate(**{**first.__dict__, "zero_stage": zero})
                       for zero in per["zero_stage"]]
-            if any(space.reason(cand) for cand in stages):
+            # the validity rules read no ZeRO stage (space.invalid_reason); only a pin tells the stages apart
+            if space.reason(first) or (space.fixed and any(pin_reason(cand, space.fixed) for cand in stages)):
                 return np.inf  # no undialed point to bound the cell by: price it
             if shapes is None:  # the cell's shape group: one Shapes for all its undialed points
                 shapes = Shapes(space.model, space.workload, first, space.profile)

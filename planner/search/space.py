@@ -459,7 +459,18 @@ class SearchSpace:
 
     def per_layout_choices(self, sp: int, ring: int) -> dict[str, tuple] | None:
         """The knob values valid together with the layout sp = (sp / ring) x ring (every rule but
-        :func:`zero3_loss_ok` is separable once the layout is fixed)."""
+        :func:`zero3_loss_ok` is separable once the layout is fixed). Kept per space (a search asks for each
+        layout's several times; the space is frozen); the caller must not change the dict."""
+        memo = self._per_layout_memo
+        if (sp, ring) not in memo:
+            memo[(sp, ring)] = self._per_layout_choices(sp, ring)
+        return memo[(sp, ring)]
+
+    @functools.cached_property
+    def _per_layout_memo(self) -> dict:
+        return {}
+
+    def _per_layout_choices(self, sp: int, ring: int) -> dict[str, tuple] | None:
         if ring not in self.ring or layout_reason(self.model, self.hardware, sp, ring, self.allow_cross_node_sp):
             return None
         tokens = local_tokens(self.workload.seq_len, sp, ring)
