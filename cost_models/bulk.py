@@ -186,9 +186,9 @@ class _States:
     grads: np.ndarray
     optim: np.ndarray
     gathered: np.ndarray
-    expert_w: np.ndarray
-    expert_g: np.ndarray
-    expert_o: np.ndarray
+    expert_w: np.ndarray | None  # None: a dense model
+    expert_g: np.ndarray | None
+    expert_o: np.ndarray | None
 
 
 def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: RowSet) -> _States:
@@ -208,7 +208,7 @@ def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: RowSet) ->
     gathers = (zero >= 3) & ((nd > 1) | param)
     gathered = np.where(gathers, w_b * gathered_elems, 0.0)
     params = np.where(gathers, np.where(param, gathered, params + gathered), params)
-    expert_w = expert_g = expert_o = np.zeros(r.n)
+    expert_w = expert_g = expert_o = None  # a dense model: no expert states (the sums below leave them out)
     if ms is not None:  # moe.expert_state_bytes per (ZeRO stage, optimizer offload, parameter offload)
         key = (zero * 2 + opt) * 2 + param
         table = {(z * 2 + o) * 2 + q: moe.expert_state_bytes(ms, z, dtype, bool(o), bool(q))
@@ -305,17 +305,19 @@ def _memory_total(sh: Shapes, base: Candidate, r: RowSet, st: _States, act: _Act
     loss_peak = _pick(r.loss, {c: v[0] for c, v in loss_tables.items()})
     logits = _pick(r.loss, {c: v[1] for c, v in loss_tables.items()})
     loss_phase = kept + loss_peak + a2a
-    backward_phase = grads + expert_g + buffers + activations + logits
+    # a dense model leaves its (zero) expert terms out of the sums: x + 0.0 is x, so the totals are the same bits
+    backward_phase = (grads if expert_g is None else grads + expert_g) + buffers + activations + logits
     in_loss = np.isfinite(activations) & (loss_phase > backward_phase)
     grads = np.where(in_loss, 0.0, grads)
-    expert_g = np.where(in_loss, 0.0, expert_g)
+    if expert_g is not None:
+        expert_g = np.where(in_loss, 0.0, expert_g)
     activations = np.where(in_loss, kept, activations)
     logits = np.where(in_loss, loss_peak, logits)
     buffers = np.where(in_loss, a2a, buffers)
     dynamic = activations + logits + buffers + st.gathered
     reserve = memory.CUDA_CONTEXT_BYTES + (memory.NCCL_BYTES if nd > 1 else 0.0) + memory.FRAGMENTATION * dynamic
-    return (st.params + grads + st.optim + activations + logits + buffers + reserve
-            + (st.expert_w + expert_g + st.expert_o))
+    total = st.params + grads + st.optim + activations + logits + buffers + reserve
+    return total if expert_g is None else total + (st.expert_w + expert_g + st.expert_o)
 
 
 # ---------------------------------------------------------------------- compute (step_time.step_time_parts)
@@ -400,9 +402,11 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c
     return t_optimizer, optimizer_offload
 
 
-def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray:
+def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray | None:
     """Parameter offload's exposed fetches per micro-batch (param_offload.fetch_times), the recompute pass only
-    under full checkpointing."""
+    under full checkpointing; None where no row offloads its parameters."""
+    if not r.param.any():
+        return None
     nd = base.sp * base.dp
     link = hw.host_bandwidth * hw.comm_efficiency
     per_pass = (sh.e * sh.n_params / nd) / link
@@ -476,11 +480,12 @@ def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Com
                                                       + np.maximum(0.0, t_copy - t_bwd_layer)), 0.0)
 
 
-def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Compute) -> np.ndarray:
-    """A mixture of experts' dispatch and combine all-to-alls per micro-batch, per (policy, MLP tiles)."""
+def _expert_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Compute) -> np.ndarray | None:
+    """A mixture of experts' dispatch and combine all-to-alls per micro-batch, per (policy, MLP tiles); None
+    without expert parallelism (none to add)."""
     ms = sh.moe
     if ms is None or ms.ep <= 1:
-        return np.zeros(r.n)
+        return None
     expert_table = {p * 1024 + m: comm.expert_all_to_all_time(hw, ms, sh.s, sh.e, c.forwards_table[p][0], m)
                     for p in r.policies for m in r.mlp_values}
     return _pick(r.ckpt * 1024 + r.mlp, expert_table)
@@ -526,8 +531,12 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     t_optimizer, optimizer_offload = _optimizer_times(hw, sh, base, r, c)
     ga = base.grad_accum
     compute = ga * (c.t_fwd + c.t_bwd + c.t_recompute) + t_optimizer
-    exposed = ga * (attention_exposed + _expert_exposed(hw, sh, r, c)) + _zero_exposed(hw, sh, base, r, c)
-    offload = ga * (activation_offload + _param_fetch_exposed(hw, sh, base, r, c)) + optimizer_offload
+    experts = _expert_exposed(hw, sh, r, c)  # None, param_fetch None: nothing to add (x + 0.0 is x)
+    exposed = ga * (attention_exposed if experts is None else attention_exposed + experts) \
+        + _zero_exposed(hw, sh, base, r, c)
+    param_fetch = _param_fetch_exposed(hw, sh, base, r, c)
+    offload = ga * (activation_offload if param_fetch is None else activation_offload + param_fetch) \
+        + optimizer_offload
     step = compute + exposed + offload
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)

@@ -6,6 +6,7 @@ is ``grad_accum`` micro-batches plus one optimizer step.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from autosp.cost_models import chunks as seq_chunks, comm, flops, moe, param_offload, ring, softcap
@@ -104,6 +105,11 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     return breakdown, ga * ring_micro, ga * ring_exposed_micro
 
 
+_BEYOND_ZERO = operator.attrgetter(*(name for name in Candidate.__dataclass_fields__
+                                   if name not in ("zero_stage", "offload_optimizer")))
+"""A candidate's knobs other than its ZeRO stage and optimizer offload (what step_seconds_over_zero_stages shares)."""
+
+
 def step_seconds_over_zero_stages(hw: HardwareSpec, cands: list[Candidate], sh: Shapes, n_params: float) -> list[float]:
     """``step_time_parts(hw, cand, sh, n_params, 0.0)[0].step`` for each of ``cands``: candidates of one shape
     that differ only in their ZeRO stage (and optimizer offload) and offload neither parameters, activations nor sequence chunks (a
@@ -111,10 +117,8 @@ def step_seconds_over_zero_stages(hw: HardwareSpec, cands: list[Candidate], sh: 
     attention's communication, the experts' all-to-alls) are computed once; each step adds them up in
     step_time_parts' order, so every result is that function's to the last bit."""
     first = cands[0]
-    shared = {k: v for k, v in first.__dict__.items() if k not in ("zero_stage", "offload_optimizer")}
-    if any(c.offload_param or c.offload_activations or c.offload_chunks for c in cands) or any(
-            {k: v for k, v in c.__dict__.items() if k not in ("zero_stage", "offload_optimizer")} != shared
-            for c in cands[1:]):
+    shared = _BEYOND_ZERO(first)
+    if any(c.offload_param or c.offload_activations or c.offload_chunks or _BEYOND_ZERO(c) != shared for c in cands):
         raise ValueError("step_seconds_over_zero_stages takes candidates that differ only in their ZeRO stage "
                          "and offload neither parameters, activations nor sequence chunks")
     c = _micro_compute(hw, first, sh)

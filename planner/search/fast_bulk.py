@@ -40,6 +40,7 @@ import numpy as np
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
 from autosp.cost_models.estimate import tokens_per_second_over_zero_stages
+from autosp.cost_models.memory import capacity_bytes as memory_capacity
 from autosp.cost_models.shapes import Shapes
 from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
@@ -57,6 +58,13 @@ RUNNER_UP_FAMILIES = 6
 """The best points of this many leading (sp, ring, ZeRO, checkpointing) families go to the scalar model besides the
 winner: the plan's runner-ups are the best of other families (planner/explain.py)."""
 
+FIT_SLACK = 1e-9
+"""A partial cell keeps the rows whose memory at the smaller micro-batch is within this fraction over the capacity
+(the bulk model's sums agree with the scalar model's to 1e-12, not to the bit)."""
+
+PARTIAL_AT_MOST = 0.8
+"""A cell is priced in part only where that leaves out at least a fifth of its rows (selecting them costs a little)."""
+
 MAX_TIES = 64
 """At most this many bulk ties of the winner go to the scalar model (whose ranking then decides among them)."""
 
@@ -73,6 +81,12 @@ class Cell:
     memory: np.ndarray
     fits: np.ndarray
     family: np.ndarray
+    index: np.ndarray | None = None
+    """The rows of the cell's full row set priced here, where only those that can fit were (:meth:`Cells.get`);
+    None: every row."""
+    bound: float = np.inf
+    """The bound the cell was priced under (tokens/s no point of it beats): what a partial cell's unpriced rows are
+    bounded by."""
 
     @functools.cached_property
     def fit_tps(self) -> np.ndarray:
@@ -116,19 +130,25 @@ def _cell_rows(choices: tuple, seq: int):
 class Cells:
     """The cells of one space, priced on first use and kept (the climb comes back to them)."""
 
-    def __init__(self, space):
+    def __init__(self, space, partial: bool = False):
+        """``partial``: price a cell whose same cell at a smaller micro-batch is priced on the rows that fit there
+        only (memory grows with the micro-batch: no other row can fit), as the search does; the rest of the cell
+        is then known by its bound alone."""
         self.space = space
         self.priced: dict[tuple, Cell | None] = {}
         self._per: dict[tuple, dict | None] = {}
         self.rows = 0
+        self.partial = partial
+        self.capacity = memory_capacity(space.hardware)
 
     def per(self, sp: int, ring: int) -> dict | None:
         if (sp, ring) not in self._per:
             self._per[(sp, ring)] = self.space.per_layout_choices(sp, ring)
         return self._per[(sp, ring)]
 
-    def get(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> Cell | None:
-        """The priced cell, or None when it has no valid candidate."""
+    def get(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str, bound: float = np.inf) -> Cell | None:
+        """The priced cell, or None when it has no valid candidate. ``bound``: the tokens/s none of its points beats
+        (the search's bound when it prices the cell)."""
         key = (sp, ring, ep, micro, seq, overlap)
         if key in self.priced:
             return self.priced[key]
@@ -139,13 +159,35 @@ class Cells:
             found = _cell_rows(choices, seq)
             if found is not None:
                 rows, family, row_set = found
+                index = self._may_fit(key) if self.partial else None
+                if index is not None:
+                    rows = {name: values[index] for name, values in rows.items()}
+                    family, row_set = family[index], bulk.row_set(rows)
                 space = self.space
                 base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)
                 out = bulk.estimate_group(space.model, space.hardware, space.workload, base, row_set, space.profile)
-                cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family)
+                cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family, index, bound)
                 self.rows += len(family)
         self.priced[key] = cell
         return cell
+
+    def _may_fit(self, key: tuple) -> np.ndarray | None:
+        """The rows of cell ``key`` that can fit: those that fit in the same cell at the largest smaller
+        micro-batch priced (the same row set: same layout, chunks and overlap schedule), with a hair of slack for
+        rounding; None where no such cell is priced or its rows are most of the cell's."""
+        sp, ring, ep, micro, seq, overlap = key
+        for m in reversed(self.per(sp, ring)["micro_batch"]):
+            smaller = self.priced.get((sp, ring, ep, m, seq, overlap)) if m < micro else None
+            if smaller is None:
+                continue
+            may = np.flatnonzero(smaller.memory <= self.capacity * (1 + FIT_SLACK))
+            if smaller.index is not None:
+                may = smaller.index[may]
+            full = len(smaller.fits) if smaller.index is None else None
+            if len(may) == 0 or (full is not None and len(may) > PARTIAL_AT_MOST * full):
+                return None
+            return may
+        return None
 
     def cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
         """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
@@ -243,7 +285,11 @@ class _Search:
 
     def _chunked_of(self, cell: Cell, structure: tuple) -> None:
         # the chunked cells of the structure: a family whose fastest point fits is done; the others bound them by
-        # that point (checkpointing none or full: a chunked layer admits no other policy)
+        # that point (checkpointing none or full: a chunked layer admits no other policy). A partial cell's
+        # unpriced rows are known only by its bound, which bounds every family's chunked points too.
+        if cell.index is not None:
+            self._queue_chunked(cell.key, structure, cell.bound)
+            return
         fastest, fitting = cell.family_stats
         families = np.arange(len(fastest))
         open_ = (fastest > fitting) & np.isin(families % POLICIES, CHUNKED_POLICIES)
@@ -270,7 +316,7 @@ class _Search:
                 if first:  # its chunked cells may still win: bounded by the first cell's bound
                     self._queue_chunked(key, structure, -negative)
                 continue
-            cell = self.cells.get(*key)
+            cell = self.cells.get(*key, bound=-negative)
             if cell is not None:
                 self._take(cell, structure, first)
 
@@ -368,7 +414,7 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
     seq = space.workload.seq_len if seq_len is None else seq_len
     target = space if seq == space.workload.seq_len else space.with_workload(evaluator.workload(seq))
     start = evaluator.calls
-    cells = Cells(target)
+    cells = Cells(target, partial=True)
     search = _Search(cells)
     layouts = families = 0
     for sp, ring in target.layouts():
