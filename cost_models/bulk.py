@@ -147,6 +147,14 @@ class RowSet:
             self.projections[names] = (sub, inverse.reshape(-1))
         return self.projections[names]
 
+    def subset(self, index: np.ndarray) -> "RowSet":
+        """The rows ``index`` of this set, with the projections already built here carried over (the distinct rows
+        stay; only each row's index into them is taken)."""
+        part = _row_set_of(*(getattr(self, name)[index] for name in _ROW_FIELDS))
+        for names, (sub, inverse) in self.projections.items():
+            part.projections[names] = (sub, inverse[index])
+        return part
+
 
 _ROW_FIELDS = ("zero", "opt", "param", "ckpt", "mlp", "loss", "off_chunks", "off_act", "overlap")
 

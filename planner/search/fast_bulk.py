@@ -162,7 +162,7 @@ class Cells:
                 index = self._may_fit(key) if self.partial else None
                 if index is not None:
                     rows = {name: values[index] for name, values in rows.items()}
-                    family, row_set = family[index], bulk.row_set(rows)
+                    family, row_set = family[index], row_set.subset(index)
                 space = self.space
                 base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)
                 out = bulk.estimate_group(space.model, space.hardware, space.workload, base, row_set, space.profile)
