@@ -1,11 +1,13 @@
 """Where one training step's time goes: autosp's memory-lean plan vs its default knobs vs ALST (CPU, gloo).
 
 The setting of ``compare_sp_implementations.py`` (its tiny Llama, batch and ALST driver, imported from it): P
-gloo processes, one thread each, fp32, ZeRO-1, SGD with lr 0. For each implementation, after two warm-up steps,
+gloo processes, one thread each, fp32, ZeRO-1, SGD with lr 0. Unlike the study, the three implementations live
+in one launch and take turns step by step, so the load of a shared machine falls on each alike:
 
-- ``--steps`` timed steps: the median wall time and the median CPU time of rank 0's main thread (what the
-  step computes there; the difference is time spent waiting: for the other rank, for gloo's transfers, for a
-  core on a shared machine);
+- ``--steps`` rounds of one step each (after two warm-up steps each): per implementation the median and the
+  fastest wall time, the median over rounds of its step time over ALST's in the same round (``x_alst``), and
+  the median CPU time of rank 0's main thread (what the step computes there; the rest of the wall time is
+  waiting: for the other rank, for gloo's transfers, for a core on a shared machine);
 - two steps under ``torch.profiler`` with the forward, backward and optimizer step marked, whose op times are
   summed per phase into categories (rank 0, main thread, self time of each op):
 
@@ -21,9 +23,8 @@ gloo processes, one thread each, fp32, ZeRO-1, SGD with lr 0. For each implement
   python              time in the phase not inside any op (framework and engine code)
   ==================  ===============================================================================
 
-Run:  .venv/bin/python studies/profile_step.py [--sp 2] [--seq 4096] [--steps 8]
-Writes studies/results/profile_step.json (the table per implementation and phase) and prints it. On a shared
-machine read the categories' ratios within one implementation; the wall times of the three are minutes apart.
+Run:  .venv/bin/python studies/profile_step.py [--sp 2] [--seq 4096] [--steps 12]
+Writes studies/results/profile_step.json (the table per implementation and phase) and prints it.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def breakdown(events, steps: int) -> dict:
     return table
 
 
+NAMES = ("autosp_lean", "autosp", "alst")
+
+
 def build(name, model, ids, labels, args):
     """(engine, loss_fn) for one implementation, driven as in the study; loss_fn() returns the loss."""
     import autosp
@@ -107,31 +111,48 @@ def build(name, model, ids, labels, args):
 def worker(rank, world, args):
     import torch._dynamo
     from torch.profiler import ProfilerActivity, profile, record_function
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     torch._dynamo.config.recompile_limit = 64
     model = study.tiny_llama(args)
     ids, labels = study.make_batch(args)
-    results = {}
-    for name in ("autosp_lean", "autosp", "alst"):  # ALST last: its registration is process-global
-        torch._dynamo.reset()
-        engine, loss_fn = build(name, model, ids, labels, args)
+    # All three live in one process and take turns, so a shared machine's load falls on each alike. ALST
+    # registers its attention in transformers' process-global table: it is switched in for ALST's steps only
+    # (autosp's compiled graphs were traced with the original entry, which their guards check).
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    runs, attention = {}, {}
+    for name in NAMES:  # ALST last: autosp compiles before its registration
+        runs[name] = build(name, model, ids, labels, args)
+        attention[name] = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
 
-        def step():
+    def step(name):
+        engine, loss_fn = runs[name]
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = attention[name]
+        try:
             loss = loss_fn()
             engine.backward(loss)
             engine.step()
-            return loss.item()
+        finally:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+        return loss.item()
 
-        for _ in range(2):
-            step()
-        wall, cpu = [], []
-        for _ in range(args.steps):
+    for name in NAMES:
+        for _ in range(2):  # compile, warm up
+            step(name)
+    wall, cpu = {n: [] for n in NAMES}, {n: [] for n in NAMES}
+    for i in range(args.steps):  # rounds, each implementation once, the order rotating
+        for name in NAMES[i % 3:] + NAMES[:i % 3]:
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.thread_time()
-            step()
-            cpu.append(time.thread_time() - start_cpu)
+            step(name)
+            cpu[name].append(time.thread_time() - start_cpu)
             dist.barrier()
-            wall.append(time.perf_counter() - start)
+            wall[name].append(time.perf_counter() - start)
+    results = {}
+    for name in NAMES:
+        engine, loss_fn = runs[name]
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = attention[name]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(2):
                 with record_function("forward"):
@@ -140,9 +161,11 @@ def worker(rank, world, args):
                     engine.backward(loss)
                 with record_function("optimizer"):
                     engine.step()
-        results[name] = {"step_s": statistics.median(wall), "main_thread_cpu_s": statistics.median(cpu),
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+        ratios = [w / a for w, a in zip(wall[name], wall["alst"])]
+        results[name] = {"step_s": statistics.median(wall[name]), "fastest_step_s": min(wall[name]),
+                         "x_alst": statistics.median(ratios), "main_thread_cpu_s": statistics.median(cpu[name]),
                          "ms_per_step": breakdown(prof.events(), 2) if rank == 0 else None}
-        dist.barrier()
     return results
 
 
@@ -150,7 +173,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sp", type=int, default=2)
     parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per implementation (default 8)")
+    parser.add_argument("--steps", type=int, default=12,
+                        help="timed rounds, one step of each implementation per round (default 12)")
     parser.add_argument("--lean-tiles", type=int, default=4)
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "profile_step.json"))
@@ -161,8 +185,10 @@ def main():
     from autosp.compiler import testing
     from autosp.files import write_text
 
+    load = os.getloadavg()[0]  # the machine's 1-minute load before the run: a shared machine's timings vary with it
     results = testing.spawn(worker, args.sp, args)
-    results["setup"] = {k: v for k, v in vars(args).items() if k != "out"} | {"torch": torch.__version__}
+    results["setup"] = {k: v for k, v in vars(args).items() if k != "out"} | {"torch": torch.__version__,
+                                                                              "load_average_before": load}
     write_text(args.out, json.dumps(results, indent=2) + "\n")
     names = [n for n in results if n != "setup"]
     print(f"{'ms per step':<18}" + "".join(f"{n:>14}" for n in names) + "   (forward / backward / optimizer of each)")
@@ -174,9 +200,10 @@ def main():
         f"{sum(sum(results[n]['ms_per_step'][p].values()) for p in PHASES):>14.1f}" for n in names))
     for n in names:
         r = results[n]
-        print(f"{n}: step {r['step_s']:.3f} s (median of {args.steps}, unprofiled), rank 0 main-thread CPU "
+        print(f"{n}: step {r['step_s']:.3f} s (median of {args.steps} rounds; fastest {r['fastest_step_s']:.3f} s), "
+              f"{r['x_alst']:.3f} x ALST's step of the same round (median), rank 0 main-thread CPU "
               f"{r['main_thread_cpu_s']:.3f} s")
-    print(f"written to {args.out}")
+    print(f"load average before the run: {load:.2f}; written to {args.out}")
     return 0
 
 
