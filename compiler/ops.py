@@ -48,6 +48,10 @@ def _needs_fp32_transport(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16)
 
 
+def _leading_ones(shape, dim: int) -> bool:
+    return all(d == 1 for d in shape[:dim])
+
+
 def _launch(op: str, x: torch.Tensor, scatter_dim: int, group: str, async_op: bool):
     """Start (or run) the exchange of ``x`` split along ``scatter_dim``: (work, send, recv), where ``recv``
     is [P, *chunk] and slot j holds what rank j sent."""
@@ -59,8 +63,15 @@ def _launch(op: str, x: torch.Tensor, scatter_dim: int, group: str, async_op: bo
                            f"does not split over {world} ranks")
     if _needs_fp32_transport(x):
         x = x.float()
-    # [P, *chunk]: chunk j goes to rank j.
-    send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
+    chunk = list(x.shape)
+    chunk[scatter_dim] //= world
+    if not async_op and x.is_contiguous() and _leading_ones(x.shape, scatter_dim):
+        # the P chunks are already consecutive blocks of x in rank order: send x itself (a blocking exchange
+        # has finished reading it when this returns; an asynchronous one sends a copy, since the graph may
+        # reuse x's memory while the exchange runs)
+        send = x.view(world, *chunk)
+    else:  # [P, *chunk]: chunk j goes to rank j.
+        send = torch.stack(torch.tensor_split(x, world, dim=scatter_dim), dim=0).contiguous()
     recv = torch.empty_like(send)
     work = dist.all_to_all_single(recv, send, group=pg, async_op=async_op)
     return work, send, recv
@@ -69,6 +80,12 @@ def _launch(op: str, x: torch.Tensor, scatter_dim: int, group: str, async_op: bo
 @torch.library.custom_op("autosp_ops::all_to_all", mutates_args=())
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: str) -> torch.Tensor:
     _, _, recv = _launch("all_to_all", x, scatter_dim, group, async_op=False)
+    if _leading_ones(recv.shape[1:], gather_dim):
+        # the slots are already the output's consecutive blocks along gather_dim: the receive buffer is the
+        # output (a fresh tensor, so the op's output aliases nothing)
+        shape = list(recv.shape[1:])
+        shape[gather_dim] *= recv.shape[0]
+        return recv.view(shape).to(x.dtype)
     return torch.cat(recv.unbind(0), dim=gather_dim).to(x.dtype)
 
 

@@ -174,14 +174,19 @@ def run_autosp(model, ids, labels, args, rank, ring=1):
     return {"loss_reported": loss, "grad_error": grad, "step_time_s": median, "times": times, "saved_bytes": saved}
 
 
+def lean_plan(args):
+    """The memory-lean plan of row autosp_lean: sequence checkpointing, MLP and logits+loss tiling."""
+    from autosp.contract.specs import Candidate
+
+    return Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
+                     loss_chunks=args.lean_tiles)
+
+
 def run_autosp_lean(model, ids, labels, args, rank):
     """autosp with the memory-lean plan: sequence checkpointing, MLP and logits+loss tiling (module docstring)."""
     import autosp
-    from autosp.contract.specs import Candidate
 
-    plan = Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
-                     loss_chunks=args.lean_tiles)
-    engine = autosp.compile(copy.deepcopy(model), plan=plan, optimizer=sgd0, backend=args.backend)
+    engine = autosp.compile(copy.deepcopy(model), plan=lean_plan(args), optimizer=sgd0, backend=args.backend)
 
     def loss_fn():
         loss = engine(input_ids=ids, labels=labels)
@@ -222,39 +227,50 @@ def run_deepspeed_autosp(model, ids, labels, args, rank):
             "step_time_s": median, "times": times, "saved_bytes": saved}
 
 
-def run_alst(model, ids, labels, args, rank):
+def alst_engine(model, ids, labels, args):
+    """(engine, loss_fn, SP group): ALST's engine on a copy of ``model`` and its loss function (module docstring):
+    ``loss_fn()`` returns (the good-token weighted loss to back-propagate, (this rank's shard mean, the weighted
+    loss) as floats). Registers ALST's attention in transformers' ALL_ATTENTION_FUNCTIONS['sdpa'], which is
+    process-global: the caller restores it."""
     import deepspeed
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     module = copy.deepcopy(model)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(module, "sdpa", args.sp, 1, seq_length=args.seq,
+                                                          seq_length_is_variable=False)
+    config = {"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": args.sp,
+              "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**9}
+    engine, *_ = deepspeed.initialize(model=module, optimizer=sgd0(module.parameters()), config=config, mpu=mpu)
+    group = mpu.get_sequence_parallel_group()
+    sp_rank, sp_world = mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_world_size()
+    chunk = args.seq // sp_world
+    local = slice(sp_rank * chunk, (sp_rank + 1) * chunk)
+    shift = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]  # over the full sequence
+    positions = torch.arange(args.seq).unsqueeze(0)
+
+    def loss_fn():
+        # HF computes no loss without `labels`, so (as ALST's tutorial does) call the model's loss
+        # function on the local logits and the pre-shifted local labels
+        logits = engine(input_ids=ids[:, local].clone(), position_ids=positions[:, local].clone()).logits
+        loss = module.loss_function(logits=logits, labels=None, shift_labels=shift[:, local].clone(),
+                                    vocab_size=module.config.vocab_size)
+        # ALST tutorial: weight each shard's mean by its good tokens, differentiably, over the SP group
+        good = (shift[:, local] != IGNORE).sum().to(loss.dtype).reshape(1)
+        losses = torch.distributed.nn.functional.all_gather(loss.reshape(1), group=group)
+        goods = torch.distributed.nn.functional.all_gather(good, group=group)
+        total = sum(l * g for l, g in zip(losses, goods)) / torch.clamp(sum(goods), min=1)
+        return total, (loss.item(), total.item())
+
+    return engine, loss_fn, group
+
+
+def run_alst(model, ids, labels, args, rank):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     original_sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     try:
-        mpu = UlyssesSPAttentionHF.register_with_transformers(module, "sdpa", args.sp, 1, seq_length=args.seq,
-                                                              seq_length_is_variable=False)
-        config = {"train_micro_batch_size_per_gpu": 1, "sequence_parallel_size": args.sp,
-                  "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
-                  "steps_per_print": 10**9}
-        engine, *_ = deepspeed.initialize(model=module, optimizer=sgd0(module.parameters()), config=config, mpu=mpu)
-        group = mpu.get_sequence_parallel_group()
-        sp_rank, sp_world = mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_world_size()
-        chunk = args.seq // sp_world
-        local = slice(sp_rank * chunk, (sp_rank + 1) * chunk)
-        shift = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]  # over the full sequence
-        positions = torch.arange(args.seq).unsqueeze(0)
-        def loss_fn():
-            # HF computes no loss without `labels`, so (as ALST's tutorial does) call the model's loss
-            # function on the local logits and the pre-shifted local labels
-            logits = engine(input_ids=ids[:, local].clone(), position_ids=positions[:, local].clone()).logits
-            loss = module.loss_function(logits=logits, labels=None, shift_labels=shift[:, local].clone(),
-                                        vocab_size=module.config.vocab_size)
-            # ALST tutorial: weight each shard's mean by its good tokens, differentiably, over the SP group
-            good = (shift[:, local] != IGNORE).sum().to(loss.dtype).reshape(1)
-            losses = torch.distributed.nn.functional.all_gather(loss.reshape(1), group=group)
-            goods = torch.distributed.nn.functional.all_gather(good, group=group)
-            total = sum(l * g for l, g in zip(losses, goods)) / torch.clamp(sum(goods), min=1)
-            return total, (loss.item(), total.item())
-
+        engine, loss_fn, group = alst_engine(model, ids, labels, args)
         (local_loss, weighted), median, times, grad, saved = timed_training(engine, loss_fn, args.steps)
         return {"loss_reported": local_loss, "loss_sp_mean": sp_mean(local_loss, group), "loss_weighted": weighted,
                 "grad_error": grad, "step_time_s": median, "times": times, "saved_bytes": saved}
