@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from dataclasses import asdict, dataclass, field, fields
 
 from autosp.contract.knobs import BY_NAME, CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
@@ -346,11 +347,12 @@ class Candidate:
     ep: int = 1
 
     def __post_init__(self):
-        counts, flags = _candidate_knob_kinds()
-        for name in counts:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # a plan's true is no count
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        counts, flags, read_counts, read_flags = _candidate_knob_kinds()
+        if not all(type(value) is int and value >= 1 for value in read_counts(self)):  # a plan's true is no count
+            for name in counts:
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{name} must be a positive integer, got {value!r}")
         zero = self.zero_stage
         if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
@@ -358,7 +360,7 @@ class Candidate:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING_POLICIES}, got {self.checkpointing!r}")
         if self.overlap not in OVERLAP_SCHEDULES:
             raise ValueError(f"overlap must be one of {OVERLAP_SCHEDULES}, got {self.overlap!r}")
-        for name in flags:
+        for name in () if all(type(value) is bool for value in read_flags(self)) else flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.offload_activations and self.checkpointing == "none":
@@ -413,12 +415,14 @@ class Candidate:
 
 
 @functools.lru_cache(maxsize=None)
-def _candidate_knob_kinds() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(the counted knobs, the true/false knobs) of Candidate's fields, from the knob table: read once, since the
-    search validates some hundred candidates per request and the lookups were a tenth of a sweep's time."""
+def _candidate_knob_kinds() -> tuple:
+    """(the counted knobs, the true/false knobs, a getter of each's values) of Candidate's fields, from the knob
+    table: read once, since the search validates some hundred candidates per request and the lookups were a tenth
+    of a sweep's time."""
     knobs = [BY_NAME[f.name] for f in fields(Candidate)]
-    return (tuple(k.name for k in knobs if k.kind is int and not k.values),
-            tuple(k.name for k in knobs if k.kind is bool))
+    counts = tuple(k.name for k in knobs if k.kind is int and not k.values)
+    flags = tuple(k.name for k in knobs if k.kind is bool)
+    return counts, flags, operator.attrgetter(*counts), operator.attrgetter(*flags)
 
 
 @dataclass(frozen=True)

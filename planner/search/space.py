@@ -315,6 +315,9 @@ def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
     return zero_stage == 3 and offload_optimizer
 
 
+_SEARCHED_NAMES = frozenset(SEARCHED)
+
+
 def make_candidate(world: int, global_batch: int | None, **knobs) -> Candidate:
     """A canonical candidate from knob values (the searched knobs of autosp.contract.knobs; those not given take
     their defaults, ``sp`` must be given); dp and grad_accum follow from the world and global batch.
@@ -322,7 +325,7 @@ def make_candidate(world: int, global_batch: int | None, **knobs) -> Candidate:
     When the global batch does not split into dp x micro_batch, grad_accum stays 1 and
     :func:`invalid_reason` reports the problem.
     """
-    unknown = sorted(set(knobs) - set(SEARCHED))
+    unknown = sorted(knobs.keys() - _SEARCHED_NAMES)
     if unknown:
         raise TypeError(f"make_candidate() got knobs it does not search: {', '.join(unknown)}")
     k = {name: knobs.get(name, BY_NAME[name].default) for name in SEARCHED}
