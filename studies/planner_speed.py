@@ -8,7 +8,7 @@ Three timings, each a fresh process (imports included), ``--repeat`` times (medi
 - ``cold``: the README's first command, ``autosp-plan --model llama --ctx 200k --hw h100x8 --no-cache``;
 - ``hit``: the same request answered from a plan cache (the cache filled once beforehand);
 - ``sweep``: ``autosp-plan sweep`` of 1,000 requests (5 models x 8 clusters x 25 contexts, ``--no-cache``,
-  ``--jobs`` = the CPUs), once;
+  ``--jobs`` = the CPUs), ``--repeat`` times;
 - ``import torch``: ``python -c "import torch"``, the yardstick: the planner's promise is an answer faster than
   the import of the framework it plans for.
 
@@ -70,9 +70,11 @@ def measure(repeat: int, sweep: bool = True) -> dict:
         cache = str(Path(tmp) / "cache.db")
         timed(plan + REQUEST + ["--cache", cache])
         out["hit"] = median_of(plan + REQUEST + ["--cache", cache], repeat)
-    if sweep:
-        out["sweep 1,000"] = timed(plan + ["sweep", "--model", SWEEP_MODELS, "--hw", SWEEP_HW, "--ctx", SWEEP_CTX,
-                                           "--no-cache", "--csv"])
+    if sweep:  # the median of `repeat` too: the wall time of this machine's 2 cores drifts by a fifth over minutes
+        sweep_cmd = plan + ["sweep", "--model", SWEEP_MODELS, "--hw", SWEEP_HW, "--ctx", SWEEP_CTX, "--no-cache",
+                            "--csv"]
+        runs = [timed(sweep_cmd) for _ in range(repeat)]
+        out["sweep 1,000"] = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     return out
 
 
@@ -85,7 +87,7 @@ def render(times: dict, repeat: int) -> str:
     lines = ["autosp planner speed (python -m studies.planner_speed)",
              f"python {platform.python_version()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, "
              f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; median of {repeat} fresh processes "
-             f"(after one unmeasured run; the sweep once), .pyc files on", "",
+             f"(after one unmeasured run; the sweep without it), .pyc files on", "",
              f"{'':<14}{'wall s':>8}{'CPU s':>8}{'wall / torch':>14}{'CPU / torch':>13}{'target wall':>13}"]
     for name, (wall, cpu) in times.items():
         target = TARGETS.get(name)
