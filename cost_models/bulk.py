@@ -35,6 +35,10 @@ from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRA
 FULL = CHECKPOINTING_POLICIES.index("full")
 NONE = CHECKPOINTING_POLICIES.index("none")
 
+ROUNDING_SLACK = 1e-9
+"""A relative margin over the bulk model's agreement with the scalar one (1e-12, tests/cost_models/test_bulk.py):
+a caller that selects rows by a bulk-priced number widens the test by this much and lets the scalar model decide."""
+
 ROW_KNOBS = ("zero_stage", "offload_optimizer", "offload_param", "checkpointing", "mlp_chunks", "loss_chunks",
              "offload_chunks", "offload_activations", "overlap")
 """The knobs that vary inside a shape group, as arrays: checkpointing and overlap as indices into
@@ -80,13 +84,6 @@ def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
     lookup = np.zeros(max(table) + 1)
     lookup[list(table)] = list(table.values())
     return lookup[keys]
-
-
-def _pick_columns(keys: np.ndarray, table: dict, width: int) -> np.ndarray:
-    """(width, len(keys)): column j is table[key][j] for each key (one gather for a table of tuples)."""
-    lookup = np.zeros((max(table) + 1, width))
-    lookup[list(table)] = list(table.values())
-    return lookup[keys].T
 
 
 def _distinct(values: np.ndarray) -> list[int]:
@@ -173,8 +170,8 @@ def row_set(rows: dict) -> RowSet:
     return _row_set_of(zero, np.asarray(rows["offload_optimizer"], dtype=bool),
                        np.asarray(rows["offload_param"], dtype=bool) & (zero == 3), np.asarray(rows["checkpointing"]),
                        np.asarray(rows["mlp_chunks"]), np.asarray(rows["loss_chunks"]),
-                       np.asarray(rows["offload_chunks"], dtype=bool), np.asarray(rows["offload_activations"], dtype=bool),
-                       np.asarray(rows["overlap"]))
+                       np.asarray(rows["offload_chunks"], dtype=bool),
+                       np.asarray(rows["offload_activations"], dtype=bool), np.asarray(rows["overlap"]))
 
 
 STATE_FREE = ("ckpt", "mlp", "loss", "off_chunks", "off_act", "overlap")
@@ -577,4 +574,5 @@ def estimate_many(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands,
     return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
 
 
-__all__ = ["Bulk", "ROW_KNOBS", "RowSet", "estimate_group", "estimate_many", "row_of", "row_set", "shape_of", "supported"]
+__all__ = ["Bulk", "ROUNDING_SLACK", "ROW_KNOBS", "RowSet", "estimate_group", "estimate_many", "row_of", "row_set",
+           "shape_of", "supported"]

@@ -20,7 +20,7 @@ from autosp.cost_models.memory import capacity_bytes, memory_breakdown as _memor
 from autosp.cost_models.profile import ModelProfile
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate, Estimate, HardwareSpec, MemoryBreakdown, ModelSpec, Workload
-from autosp.cost_models.step_time import step_seconds_over_zero_stages, step_time_parts
+from autosp.cost_models.step_time import share_stage_free_terms, step_seconds_over_zero_stages, step_time_parts
 
 
 def _check(hw: HardwareSpec, cand: Candidate) -> None:
@@ -68,16 +68,17 @@ def tokens_per_second(model: ModelSpec, hw: HardwareSpec, workload: Workload, ca
     return _tokens_per_second(workload, cand, step_time_parts(hw, cand, sh, sh.n_params, per_layer)[0].step)
 
 
-def tokens_per_second_over_zero_stages(model: ModelSpec, hw: HardwareSpec, workload: Workload, cands: list[Candidate],
-                                       profile: ModelProfile | None = None, shapes: Shapes | None = None) -> list[float]:
+def tokens_per_second_over_zero_stages(model: ModelSpec, hw: HardwareSpec, workload: Workload,
+                                       cands: list[Candidate], profile: ModelProfile | None = None,
+                                       shapes: Shapes | None = None) -> list[float]:
     """:func:`tokens_per_second` of each of ``cands``, candidates of one shape that differ only in their ZeRO stage
     (and optimizer offload): the same numbers, the terms no stage changes computed once
-    (:func:`step_time.step_seconds_over_zero_stages`) unless the candidates offload parameters, activations or
-    sequence chunks (then one by one)."""
+    (:func:`step_time.step_seconds_over_zero_stages`) where they :func:`step_time.share_stage_free_terms`, else one
+    by one."""
     for cand in cands:
         _check(hw, cand)
     sh = Shapes(model, workload, cands[0], profile) if shapes is None else shapes
-    if any(c.offload_param or c.offload_activations or c.offload_chunks for c in cands):
+    if not share_stage_free_terms(cands):
         return [tokens_per_second(model, hw, workload, c, profile, sh) for c in cands]
     steps = step_seconds_over_zero_stages(hw, cands, sh, sh.n_params)
     return [_tokens_per_second(workload, cand, step) for cand, step in zip(cands, steps)]

@@ -110,15 +110,21 @@ _BEYOND_ZERO = operator.attrgetter(*(name for name in Candidate.__dataclass_fiel
 """A candidate's knobs other than its ZeRO stage and optimizer offload (what step_seconds_over_zero_stages shares)."""
 
 
+def share_stage_free_terms(cands: list[Candidate]) -> bool:
+    """Whether ``cands`` differ only in their ZeRO stage (and optimizer offload) and offload neither parameters,
+    activations nor sequence chunks: what :func:`step_seconds_over_zero_stages` takes."""
+    shared = _BEYOND_ZERO(cands[0])
+    return not any(c.offload_param or c.offload_activations or c.offload_chunks or _BEYOND_ZERO(c) != shared
+                   for c in cands)
+
+
 def step_seconds_over_zero_stages(hw: HardwareSpec, cands: list[Candidate], sh: Shapes, n_params: float) -> list[float]:
-    """``step_time_parts(hw, cand, sh, n_params, 0.0)[0].step`` for each of ``cands``: candidates of one shape
-    that differ only in their ZeRO stage (and optimizer offload) and offload neither parameters, activations nor sequence chunks (a
-    search's speed bound: its undialed points, one per stage). The terms no ZeRO stage changes (the compute, the
-    attention's communication, the experts' all-to-alls) are computed once; each step adds them up in
-    step_time_parts' order, so every result is that function's to the last bit."""
+    """``step_time_parts(hw, cand, sh, n_params, 0.0)[0].step`` for each of ``cands``, which must
+    :func:`share_stage_free_terms` (a search's speed bound: its undialed points, one per stage). The terms no ZeRO
+    stage changes (the compute, the attention's communication, the experts' all-to-alls) are computed once; each
+    step adds them up in step_time_parts' order, so every result is that function's to the last bit."""
     first = cands[0]
-    shared = _BEYOND_ZERO(first)
-    if any(c.offload_param or c.offload_activations or c.offload_chunks or _BEYOND_ZERO(c) != shared for c in cands):
+    if not share_stage_free_terms(cands):
         raise ValueError("step_seconds_over_zero_stages takes candidates that differ only in their ZeRO stage "
                          "and offload neither parameters, activations nor sequence chunks")
     c = _micro_compute(hw, first, sh)
@@ -274,5 +280,5 @@ def _zero(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Mi
 
 
 __all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "HOST_DRAM_BANDWIDTH_PER_NODE",
-           "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "step_seconds_over_zero_stages", "step_time",
-           "step_time_parts"]
+           "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "share_stage_free_terms", "step_seconds_over_zero_stages",
+           "step_time", "step_time_parts"]

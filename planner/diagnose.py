@@ -54,15 +54,10 @@ def _lean_corner(target):
                                      offload_param=param))
 
 
-NEAR_LEAST = 1e-9
-"""Corner points whose bulk-priced memory is within this fraction of the least go back to the scalar memory model,
-which decides among them (the bulk model agrees with it to 1e-12: the choice is the scalar model's)."""
-
-
 def _least_memory(target, workload, corner: list):
     """The first point of ``corner`` with the least memory by the scalar model: the corner is priced in bulk (one
     vectorised call per shape, where the bulk model prices this hardware) and only the points near the least are
-    priced again one by one."""
+    priced again one by one (within bulk.ROUNDING_SLACK of the least), so the choice is the scalar model's."""
     from autosp.cost_models import bulk
     from autosp.cost_models.estimate import memory_only
 
@@ -70,7 +65,7 @@ def _least_memory(target, workload, corner: list):
         memories = bulk.estimate_many(target.model, target.hardware, workload, corner, target.profile).memory
         least = memories.min()
         if math.isfinite(least):
-            corner = [cand for cand, m in zip(corner, memories) if m <= least * (1 + NEAR_LEAST)]
+            corner = [cand for cand, m in zip(corner, memories) if m <= least * (1 + bulk.ROUNDING_SLACK)]
     best = None
     for cand in corner:
         memory = memory_only(target.model, target.hardware, workload, cand, target.profile).total
