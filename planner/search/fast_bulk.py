@@ -181,8 +181,9 @@ class Cells:
         """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
         that fits at ``micro`` fits at the smaller one m too (memory grows with the micro-batch) and trains at most
         micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows); the same cell
-        at another overlap schedule bounds nothing but its fit (the schedule changes no memory): 0 when nothing fits
-        there. Infinite when no such cell is priced."""
+        at another overlap schedule bounds nothing but its fit (the schedule changes no memory): -inf when nothing
+        fits there, so the cell is skipped even before any point fits (an infeasible request would otherwise price
+        every micro-batch of every layout). Infinite when no such cell is priced."""
         cap = np.inf
         per = self.per(sp, ring)
         for m in per["micro_batch"]:
@@ -195,7 +196,7 @@ class Cells:
                 if cell is None:
                     continue
                 if cell.best_fitting is None:
-                    return 0.0
+                    return -np.inf
                 if o == overlap:
                     cap = min(cap, micro / m * float(cell.tps[cell.best_fitting]))
         return cap

@@ -167,3 +167,34 @@ def test_tokens_per_second_over_zero_stages_is_each_stages_own(spec):
     for group in groups:
         got = tokens_per_second_over_zero_stages(space.model, space.hardware, space.workload, group, space.profile)
         assert got == [tokens_per_second(space.model, space.hardware, space.workload, c, space.profile) for c in group]
+
+
+def test_an_infeasible_request_prices_no_cell_that_cannot_fit():
+    """Where nothing fits at a micro-batch, nothing fits at a larger one (memory grows with it): the search skips
+    those cells even before any point fits, so a request that fits nowhere does not price every micro-batch of
+    every layout (Cells.cap is -inf there). Its fastest and leanest points still come out priced."""
+    from autosp.planner.search import fast_bulk
+
+    space = _space(dict(model="llama-3.1-70b", ctx="1M", hw="h100x8"))
+    priced: list = []
+    real_get = Cells.get
+
+    def spy(self, *key, bound=np.inf):
+        cell = real_get(self, *key, bound=bound)
+        if cell is not None:
+            priced.append((self, cell))
+        return cell
+
+    fast_bulk.Cells.get = spy
+    try:
+        result = bulk_fast_throughput(space, Evaluator(space))
+    finally:
+        fast_bulk.Cells.get = real_get
+    assert not any(est.fits for _, est in result.ranked) and result.ranked
+    assert priced and not any(cell.fits.any() for _, cell in priced)
+    cells = priced[0][0]
+    for _, cell in priced:
+        sp, ring, ep, micro, seq, overlap = cell.key
+        smaller = [cells.priced.get((sp, ring, ep, m, seq, o)) for m in cells.per(sp, ring)["micro_batch"]
+                   if m < micro for o in cells.per(sp, ring)["overlap"]]
+        assert not any(s is not None for s in smaller), cell.key
