@@ -94,10 +94,7 @@ def _leanest_fits(space, evaluator, seq: int, per: dict, structure: dict, memo: 
 
 def _families(space):
     """(sp, ring, per-layout choices, ZeRO stage, checkpointing) of every structure family."""
-    for sp, ring in space.layouts():
-        per = space.per_layout_choices(sp, ring)
-        if per is None or not all(per.values()):
-            continue  # a knob (pinned, or tiled too finely here) has no value that goes with this layout
+    for sp, ring, per in space.usable_layouts():
         for zero, ckpt in itertools.product(per["zero_stage"], per["checkpointing"]):
             yield sp, ring, per, zero, ckpt
 

@@ -407,10 +407,7 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
     cells = Cells(target, partial=True)
     search = _Search(cells)
     layouts = families = 0
-    for sp, ring in target.layouts():
-        per = cells.per(sp, ring)
-        if per is None or not all(per.values()):
-            continue  # a knob (pinned, or tiled too finely here) has no value that goes with this layout
+    for sp, ring, per in target.usable_layouts():
         layouts += 1
         families += len(per["zero_stage"]) * len(per["checkpointing"]) * len(per["ep"])
         search.offer(sp, ring, per["micro_batch"][0], per["overlap"][-1])

@@ -498,6 +498,14 @@ class SearchSpace:
             for ring in self.rings_for(sp):
                 yield sp, ring
 
+    def usable_layouts(self):
+        """(sp, ring, per-layout choices) of every layout where each knob has a value that goes with it (a knob
+        pinned, or tiled too finely at that layout's local tokens, can leave none), in :meth:`layouts` order."""
+        for sp, ring in self.layouts():
+            per = self.per_layout_choices(sp, ring)
+            if per is not None and all(per.values()):
+                yield sp, ring, per
+
     def candidates(self):
         """Every valid canonical candidate, in a fixed order (deterministic searches and ties)."""
         for sp, ring in self.layouts():

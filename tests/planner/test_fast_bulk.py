@@ -35,10 +35,7 @@ def _space(spec: dict):
 def _all_cells(space) -> Cells:
     """Every cell of ``space`` priced: each layout, expert degree, micro-batch, sequence chunking and overlap."""
     cells = Cells(space)
-    for sp, ring in space.layouts():
-        per = cells.per(sp, ring)
-        if per is None or not all(per.values()):
-            continue
+    for sp, ring, per in space.usable_layouts():
         for ep in per["ep"]:
             for micro in per["micro_batch"]:
                 for seq in per["sequence_chunks"]:
@@ -71,10 +68,7 @@ def test_the_cells_are_the_space_and_each_family_is_completed_at_its_optimum(spe
     # and never behind the scalar dial walk (the scalar quick search's completion) of the same family
     ev = Evaluator(space)
     walked = 0
-    for sp, ring in space.layouts():
-        per = space.per_layout_choices(sp, ring)
-        if per is None or not all(per.values()):
-            continue
+    for sp, ring, per in space.usable_layouts():
         for zero in per["zero_stage"]:
             for policy in per["checkpointing"]:
                 start = undialed(space, per, sp=sp, ring=ring, zero_stage=zero, micro_batch=per["micro_batch"][0],
