@@ -179,7 +179,7 @@ def lean_plan(args):
     from autosp.contract.specs import Candidate
 
     return Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
-                     loss_chunks=args.lean_tiles)
+                     loss_chunks=args.lean_tiles, overlap=getattr(args, "lean_overlap", "none"))
 
 
 def run_autosp_lean(model, ids, labels, args, rank):
@@ -332,6 +332,8 @@ def main():
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     parser.add_argument("--lean-tiles", type=int, default=4,
                         help="MLP and loss tiles of the memory-lean row autosp_lean (0: leave the row out; default 4)")
+    parser.add_argument("--lean-overlap", default="none", choices=("none", "kv_async"),
+                        help="the memory-lean row's overlap schedule (default none)")
     parser.add_argument("--no-deepspeed-autosp", action="store_true", help="leave out DeepSpeed's AutoSP row")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "compare_sp_implementations.json"))

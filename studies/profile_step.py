@@ -176,6 +176,7 @@ def main():
     parser.add_argument("--steps", type=int, default=12,
                         help="timed rounds, one step of each implementation per round (default 12)")
     parser.add_argument("--lean-tiles", type=int, default=4)
+    parser.add_argument("--lean-overlap", default="none", choices=("none", "kv_async"))
     parser.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "profile_step.json"))
     args = parser.parse_args()

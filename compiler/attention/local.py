@@ -27,7 +27,7 @@ import torch
 
 from autosp.compiler import ops
 from autosp.compiler.attention import flex_cuda
-from autosp.compiler.attention.autocast import cast_like_sdpa
+from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.documents import published
 from autosp.compiler.attention.merge import empty_accumulators
@@ -128,6 +128,6 @@ def _backward(ctx, dout, _dlse):
 
 
 span_attention.register_autograd(_backward, setup_context=_setup_context)
-cast_like_sdpa(torch.ops.autosp_ops.span_attention.default)  # under autocast: SDPA's dtype rule
+cast_under_autocast(torch.ops.autosp_ops.span_attention.default)  # under autocast: SDPA's dtype rule
 
 __all__ = ["rows_backward", "rows_forward", "rule_documents", "span_attention", "span_attention_backward"]

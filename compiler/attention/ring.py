@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from autosp.compiler import ops
-from autosp.compiler.attention.autocast import cast_like_sdpa
+from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.attention.layout import unflatten_ranges
 from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
@@ -197,6 +197,6 @@ def _backward(ctx, dout, _dlse):
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)
-cast_like_sdpa(torch.ops.autosp_ops.ring_attention.default)  # under autocast: SDPA's dtype rule
+cast_under_autocast(torch.ops.autosp_ops.ring_attention.default)  # under autocast: SDPA's dtype rule
 
 __all__ = ["ring_attention", "ring_attention_backward", "ring_block_backward", "ring_block_forward"]

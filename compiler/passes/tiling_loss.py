@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.context import SPContext
 from autosp.compiler.passes.common import (
     CE_ARGS,
@@ -154,6 +155,9 @@ def _backward(ctx, grad):
 
 
 tiled_linear_cross_entropy.register_autograd(_backward, setup_context=_setup)
+# under autocast: the LM head in the autocast dtype, the cross-entropy in fp32 (upcast, argument 5), as autocast
+# runs the untiled linear and cross_entropy
+cast_under_autocast(torch.ops.autosp_ops.tiled_linear_cross_entropy.default, replaced={5: True})
 
 TILED_LOSS = torch.ops.autosp_ops.tiled_linear_cross_entropy.default
 

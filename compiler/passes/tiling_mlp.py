@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.context import SPContext
 from autosp.compiler.experts import moe_experts as _moe_experts  # noqa: F401  (registers autosp_ops::moe_experts)
 from autosp.compiler.passes.common import SDPA, fail, is_call, shape
@@ -184,6 +185,7 @@ def _backward(ctx, grad):
 
 
 tiled_mlp.register_autograd(_backward, setup_context=_setup)
+cast_under_autocast(torch.ops.autosp_ops.tiled_mlp.default)  # under autocast: its linears in the autocast dtype
 
 TILED_MLP = torch.ops.autosp_ops.tiled_mlp.default
 

@@ -1,0 +1,58 @@
+"""Under torch.autocast the tiled MLP and the tiled logits + loss compute as the untiled graph would (compiler/
+autocast.py): the linears in the autocast dtype, the cross-entropy in fp32, gradients back in the inputs' own
+dtypes. Without the rule a compiled graph ran both in fp32 and the MLP returned fp32 (twice the intermediates'
+memory the plan priced)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autosp.compiler.passes.tiling_loss import tiled_linear_cross_entropy
+from autosp.compiler.passes.tiling_mlp import mlp_reference, tiled_mlp
+
+
+def _maybe_compiled(fn, compiled: bool):
+    return torch.compile(fn, backend="aot_eager", fullgraph=True) if compiled else fn
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tiled_mlp_under_autocast_is_the_untiled_mlp_in_bf16(compiled):
+    torch.manual_seed(0)
+    x = torch.randn(1, 15, 8, requires_grad=True)  # 15 tokens in 4 tiles: uneven pieces
+    up, gate = (torch.randn(32, 8, requires_grad=True) for _ in range(2))
+    down = torch.randn(8, 32, requires_grad=True)
+    run = _maybe_compiled(lambda *a: tiled_mlp(*a, "silu", 4), compiled)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(x, up, None, gate, None, down, None)
+        ref = mlp_reference(x, up, None, gate, None, down, None, "silu")
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert torch.equal(out, ref)  # per token the same bf16 arithmetic
+    grads = torch.autograd.grad(out.float().sum(), (x, up, gate, down))
+    want = torch.autograd.grad(ref.float().sum(), (x, up, gate, down))
+    assert [g.dtype for g in grads] == [torch.float32] * 4
+    for got, expected in zip(grads, want):
+        assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()  # weight grads: sums over tiles
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_tiled_loss_under_autocast_runs_the_head_in_bf16_and_the_loss_in_fp32(compiled, upcast):
+    torch.manual_seed(0)
+    hidden = torch.randn(13, 8, requires_grad=True)
+    weight = torch.randn(50, 8, requires_grad=True)
+    target = torch.randint(0, 50, (13,))
+    target[3] = -100
+    run = _maybe_compiled(lambda h, w: tiled_linear_cross_entropy(h, w, None, target, -100, upcast, 4), compiled)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(hidden, weight)
+        logits = F.linear(hidden, weight)
+        ref = F.cross_entropy(logits.float() if upcast else logits, target, ignore_index=-100, reduction="sum")
+    assert out.dtype == ref.dtype == torch.float32
+    assert abs(out.item() - ref.item()) <= 1e-5 * abs(ref.item())  # fp32 sums over 4 tiles vs one
+    grads = torch.autograd.grad(out, (hidden, weight))
+    want = torch.autograd.grad(ref, (hidden, weight))
+    assert [g.dtype for g in grads] == [torch.float32] * 2
+    for got, expected in zip(grads, want):
+        assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
