@@ -24,6 +24,7 @@ import torch
 
 _LIB = torch.library.Library("autosp_ops", "FRAGMENT")
 DEVICE_TYPES = ("cpu", "cuda")
+_KEEP = object()  # an argument passed as it is
 
 
 def _cast(value, device_type: str, dtype: torch.dtype):
@@ -32,19 +33,25 @@ def _cast(value, device_type: str, dtype: torch.dtype):
     return value
 
 
-def cast_under_autocast(op: torch._ops.OpOverload, replaced: dict[int, object] | None = None) -> None:
+def cast_under_autocast(op: torch._ops.OpOverload, replaced: dict[int, object] | None = None,
+                        only: tuple[int, ...] | None = None) -> None:
     """Register, on CPU and CUDA, the autocast rule of the lower-precision ops (SDPA, linear) for ``op`` (an
     ``autosp_ops`` overload): its floating tensor arguments cast to the autocast dtype. ``replaced``: positional
-    arguments set under autocast (the tiled loss's ``upcast``: cross-entropy runs in fp32 there)."""
+    arguments set under autocast (the tiled loss's ``upcast``: cross-entropy runs in fp32 there); ``only``: cast
+    just these positional arguments (the experts' weights: the op casts its rows to them and keeps the sum of the
+    experts' outputs in the hidden states' dtype, as Hugging Face's experts do)."""
     name = op._schema.name.split("::", 1)[1]
     replaced = dict(replaced or {})
+    if only is not None:
+        replaced = {**replaced, **{i: _KEEP for i in range(len(op._schema.arguments)) if i not in only}}
     for device_type in DEVICE_TYPES:
         key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
         excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
 
         def kernel(_keys, *args, _device_type=device_type, _excluded=excluded):
             dtype = torch.get_autocast_dtype(_device_type)
-            args = [replaced.get(i, _cast(a, _device_type, dtype)) for i, a in enumerate(args)]
+            args = [_cast(a, _device_type, dtype) if i not in replaced else a if replaced[i] is _KEEP else replaced[i]
+                    for i, a in enumerate(args)]
             with torch._C._ExcludeDispatchKeyGuard(_excluded):
                 return op(*args)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.ops import CALLS, _group, _needs_fp32_transport
 from autosp.errors import UsageError
 
@@ -83,7 +84,7 @@ def _local_experts(x: torch.Tensor, expert: torch.Tensor, gate_up: torch.Tensor,
     parts, start = [], 0
     for e, n in enumerate(counts):
         if n:
-            rows = x.index_select(0, order[start:start + n])
+            rows = x.index_select(0, order[start:start + n]).to(gate_up.dtype)  # under autocast: bf16 weights
             gate, up = torch.nn.functional.linear(rows, gate_up[e]).chunk(2, dim=-1)
             parts.append(torch.nn.functional.linear(act(gate) * up, down[e]))
         start += n
@@ -183,6 +184,9 @@ def _backward(ctx, grad):
 
 
 moe_experts.register_autograd(_backward, setup_context=_setup)
+# under autocast: the experts' linears in the autocast dtype (their weights cast, the rows cast to them in
+# _local_experts), the weighted sum in the hidden states' dtype, as in Hugging Face's experts
+cast_under_autocast(torch.ops.autosp_ops.moe_experts.default, only=(3, 4))
 
 
 # --- Hugging Face integration ----------------------------------------------------------------------------

@@ -56,3 +56,41 @@ def test_tiled_loss_under_autocast_runs_the_head_in_bf16_and_the_loss_in_fp32(co
     assert [g.dtype for g in grads] == [torch.float32] * 2
     for got, expected in zip(grads, want):
         assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+def _experts_reference(hidden, index, weights, gate_up, down):
+    """Hugging Face's experts loop (transformers' Qwen3MoeExperts.forward): each token through its top-k experts,
+    each output weighted and summed in the hidden states' dtype."""
+    out = torch.zeros_like(hidden)
+    for t in range(hidden.shape[0]):
+        for j in range(index.shape[1]):
+            gate, up = F.linear(hidden[t:t + 1], gate_up[index[t, j]]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, down[index[t, j]]) * weights[t:t + 1, j, None]
+            out = out.index_add(0, torch.tensor([t]), y.to(out.dtype))
+    return out
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_experts_op_under_autocast_is_hugging_faces_experts_loop(compiled):
+    """The experts' linears in bf16, their weighted sum in the hidden states' fp32 (not the whole op in bf16)."""
+    from autosp.compiler.experts import moe_experts
+
+    torch.manual_seed(0)
+    tokens, hidden_size, inner, experts, k = 10, 8, 6, 4, 2
+    hidden = torch.randn(tokens, hidden_size, requires_grad=True)
+    gate_up = torch.randn(experts, 2 * inner, hidden_size, requires_grad=True)
+    down = torch.randn(experts, hidden_size, inner, requires_grad=True)
+    index = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, k), -1).bfloat16().requires_grad_()  # the router's, in bf16
+    run = _maybe_compiled(lambda *a: moe_experts(*a, "", "silu"), compiled)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = run(hidden, index, weights, gate_up, down)
+        ref = _experts_reference(hidden, index, weights, gate_up, down)
+    assert out.dtype == ref.dtype == torch.float32
+    assert torch.equal(out, ref)
+    leaves = (hidden, weights, gate_up, down)
+    grads, want = torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(ref.sum(), leaves)
+    assert [g.dtype for g in grads] == [w.dtype for w in want] == [torch.float32, torch.bfloat16, torch.float32,
+                                                                      torch.float32]
+    for got, expected in zip(grads, want):
+        assert (got.float() - expected.float()).abs().max() <= 2e-2 * expected.float().abs().max()
