@@ -186,7 +186,7 @@ def _backward(ctx, grad):
 moe_experts.register_autograd(_backward, setup_context=_setup)
 # under autocast: the experts' linears in the autocast dtype (their weights cast, the rows cast to them in
 # _local_experts), the weighted sum in the hidden states' dtype, as in Hugging Face's experts
-cast_under_autocast(torch.ops.autosp_ops.moe_experts.default, only=(3, 4))
+cast_under_autocast(torch.ops.autosp_ops.moe_experts.default, cast=(3, 4))  # gate_up, down
 
 
 # --- Hugging Face integration ----------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def lean_plan(args):
     from autosp.contract.specs import Candidate
 
     return Candidate(sp=args.sp, zero_stage=1, micro_batch=1, checkpointing="sequence", mlp_chunks=args.lean_tiles,
-                     loss_chunks=args.lean_tiles, overlap=getattr(args, "lean_overlap", "none"))
+                     loss_chunks=args.lean_tiles, overlap=args.lean_overlap)
 
 
 def run_autosp_lean(model, ids, labels, args, rank):

@@ -163,12 +163,10 @@ def test_tokens_per_second_over_zero_stages_is_each_stages_own(spec):
         assert got == [tokens_per_second(space.model, space.hardware, space.workload, c, space.profile) for c in group]
 
 
-def test_an_infeasible_request_prices_no_cell_that_cannot_fit():
+def test_an_infeasible_request_prices_no_cell_that_cannot_fit(monkeypatch):
     """Where nothing fits at a micro-batch, nothing fits at a larger one (memory grows with it): the search skips
     those cells even before any point fits, so a request that fits nowhere does not price every micro-batch of
     every layout (Cells.cap is -inf there). Its fastest and leanest points still come out priced."""
-    from autosp.planner.search import fast_bulk
-
     space = _space(dict(model="llama-3.1-70b", ctx="1M", hw="h100x8"))
     priced: list = []
     real_get = Cells.get
@@ -179,16 +177,13 @@ def test_an_infeasible_request_prices_no_cell_that_cannot_fit():
             priced.append((self, cell))
         return cell
 
-    fast_bulk.Cells.get = spy
-    try:
-        result = bulk_fast_throughput(space, Evaluator(space))
-    finally:
-        fast_bulk.Cells.get = real_get
+    monkeypatch.setattr(Cells, "get", spy)
+    result = bulk_fast_throughput(space, Evaluator(space))
     assert not any(est.fits for _, est in result.ranked) and result.ranked
     assert priced and not any(cell.fits.any() for _, cell in priced)
     cells = priced[0][0]
     for _, cell in priced:
         sp, ring, ep, micro, seq, overlap = cell.key
-        smaller = [cells.priced.get((sp, ring, ep, m, seq, o)) for m in cells.per(sp, ring)["micro_batch"]
-                   if m < micro for o in cells.per(sp, ring)["overlap"]]
-        assert not any(s is not None for s in smaller), cell.key
+        per = cells.per(sp, ring)
+        assert all(cells.priced.get((sp, ring, ep, m, seq, o)) is None
+                   for m in per["micro_batch"] if m < micro for o in per["overlap"]), cell.key
