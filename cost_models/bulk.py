@@ -53,6 +53,12 @@ class Bulk:
     memory: np.ndarray            # MemoryBreakdown.total, bytes per GPU
     tokens_per_second: np.ndarray
     capacity: float
+    ceiling: np.ndarray | None = None
+    """Tokens/s of the step's FLOP- and byte-priced compute alone (forward, backward and recompute, without the
+    tiles' fixed overheads, the optimizer step, exposed communication or offload copies): at least
+    ``tokens_per_second``, and the same at every micro-batch, since that compute grows in proportion to the
+    micro-batch while the tokens do. So no row trains faster than this at any larger micro-batch
+    (tests/cost_models/test_bulk.py asserts both over whole spaces); the quick search bounds a cell by it."""
 
     @property
     def fits(self) -> np.ndarray:
@@ -339,11 +345,12 @@ class _Compute:
     forwards: np.ndarray           # layer forwards recomputed, per row (flops.layer_forwards_recomputed)
     with_attention: np.ndarray     # whether the recompute runs attention again
     forwards_table: dict           # policy index -> flops.layer_forwards_recomputed
+    t_proportional: np.ndarray     # forward + backward + FLOP-priced recompute: in proportion to the micro-batch
 
     def gathered(self, index: np.ndarray) -> "_Compute":
         """These per-row arrays at rows ``index`` (from a projection's distinct rows back to all rows)."""
         return replace(self, t_recompute=self.t_recompute[index], forwards=self.forwards[index],
-                       with_attention=self.with_attention[index])
+                       with_attention=self.with_attention[index], t_proportional=self.t_proportional[index])
 
 
 def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet) -> _Compute:
@@ -377,6 +384,7 @@ def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candida
     t_bwd = (prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd * capped_bwd / capped_fwd
              + pw_bwd * t_pw / (1.0 + pw_bwd))
     t_recompute = _pick(re_key, re_table)
+    t_proportional = t_fwd + t_bwd + t_recompute  # what grows with the micro-batch (Bulk.ceiling)
     t_recompute = t_recompute + np.where(r.mlp_tiled, TILE_OVERHEAD_S * r.mlp * L * np.where(r.full, 3, 2), 0.0)
     t_recompute = t_recompute + np.where(r.loss_tiled, TILE_OVERHEAD_S * r.loss * 2, 0.0)
     forwards_table = {p: flops.layer_forwards_recomputed(sh, _proxy(base, checkpointing=CHECKPOINTING_POLICIES[p]))
@@ -386,7 +394,8 @@ def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candida
     if N > 1:
         t_recompute = t_recompute + TILE_OVERHEAD_S * N * L * (2 + forwards)
     return _Compute(t_fwd=t_fwd, t_bwd=t_bwd, t_recompute=t_recompute, t_att_fwd=t_att_fwd, mm_rate=mm_rate,
-                    forwards=forwards, with_attention=with_attention, forwards_table=forwards_table)
+                    forwards=forwards, with_attention=with_attention, forwards_table=forwards_table,
+                    t_proportional=t_proportional)
 
 
 # ---------------------------------------------------------------------- communication and host copies
@@ -546,7 +555,9 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)
     tps = np.where(ok, tokens / np.where(ok, step, 1.0), 0.0)
-    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw))
+    proportional = ga * c.t_proportional
+    ceiling = np.where(proportional > 0, tokens / np.where(proportional > 0, proportional, 1.0), np.inf)
+    return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw), ceiling=ceiling)
 
 
 def shape_of(cand: Candidate) -> tuple:

@@ -17,7 +17,9 @@ call prices a cell (one vectorised call, whatever its number of rows), so the se
   (lazily: most are then dropped unpriced);
 - a larger micro-batch only adds memory and at most scales tokens/s with it (:meth:`Cells.cap`): no point of a cell
   beats micro / m times the best fitting point of the same cell at a smaller micro-batch m, and none fits where
-  nothing fits there (nor where nothing fits at another overlap schedule: the schedule changes no memory);
+  nothing fits there (nor where nothing fits at another overlap schedule: the schedule changes no memory); nor
+  does any beat the compute ceiling (bulk.Bulk.ceiling) of the points that fit there, at any overlap schedule: a
+  larger micro-batch can at most hide the step's fixed costs, never shrink its compute per token;
 - every layout's micro-batch then climbs one step at a time while that helps the layout (a layout that loses at the
   first micro-batch may win at a larger one), and the winner's micro-batch and overlap schedule move as in the
   scalar search's light climb (ZeRO stage, checkpointing and the dials are already exact within a cell).
@@ -40,7 +42,6 @@ import numpy as np
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
 from autosp.cost_models.estimate import tokens_per_second_over_zero_stages
-from autosp.cost_models.memory import capacity_bytes as memory_capacity
 from autosp.cost_models.shapes import Shapes
 from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
@@ -74,6 +75,9 @@ class Cell:
     memory: np.ndarray
     fits: np.ndarray
     family: np.ndarray
+    ceiling: np.ndarray
+    """Per row, the tokens/s it cannot beat at any micro-batch from this one up (bulk.Bulk.ceiling)."""
+    capacity: float
     index: np.ndarray | None = None
     """The rows of the cell's full row set priced here, where only those that can fit were (:meth:`Cells.get`);
     None: every row."""
@@ -90,6 +94,20 @@ class Cell:
     def best_fitting(self) -> int | None:
         """The row of the fastest fitting point, or None."""
         return int(np.argmax(self.fit_tps)) if self.fits.any() else None
+
+    @functools.cached_property
+    def may_fit(self) -> np.ndarray:
+        """The rows that fit here, widened by bulk.ROUNDING_SLACK: the only rows that can fit at a larger
+        micro-batch (memory grows with it)."""
+        return np.flatnonzero(self.memory <= self.capacity * (1 + bulk.ROUNDING_SLACK))
+
+    @functools.cached_property
+    def ceiling_of_fitting(self) -> float:
+        """The tokens/s no row that can fit (:attr:`may_fit`) beats here or at any larger micro-batch, whatever the
+        overlap schedule (bulk.Bulk.ceiling: the schedule changes neither the compute nor the memory); -inf when
+        none can fit."""
+        rows = self.may_fit
+        return float(self.ceiling[rows].max()) if len(rows) else -np.inf
 
     @functools.cached_property
     def family_stats(self) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +149,6 @@ class Cells:
         self.priced: dict[tuple, Cell | None] = {}
         self.rows = 0
         self.partial = partial
-        self.capacity = memory_capacity(space.hardware)
 
     def per(self, sp: int, ring: int) -> dict | None:
         return self.space.per_layout_choices(sp, ring)  # kept by the space
@@ -157,7 +174,8 @@ class Cells:
                 space = self.space
                 base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)
                 out = bulk.estimate_group(space.model, space.hardware, space.workload, base, row_set, space.profile)
-                cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family, index, bound)
+                cell = Cell(key, base, rows, out.tokens_per_second, out.memory, out.fits, family, out.ceiling,
+                            out.capacity, index, bound)
                 self.rows += len(family)
         self.priced[key] = cell
         return cell
@@ -171,7 +189,7 @@ class Cells:
             smaller = self.priced.get((sp, ring, ep, m, seq, overlap)) if m < micro else None
             if smaller is None:
                 continue
-            may = np.flatnonzero(smaller.memory <= self.capacity * (1 + bulk.ROUNDING_SLACK))
+            may = smaller.may_fit
             if len(may) == 0:
                 return None
             return may if smaller.index is None else smaller.index[may]
@@ -180,9 +198,11 @@ class Cells:
     def cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
         """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
         that fits at ``micro`` fits at the smaller one m too (memory grows with the micro-batch) and trains at most
-        micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows); the same cell
-        at another overlap schedule bounds nothing but its fit (the schedule changes no memory): -inf when nothing
-        fits there, so the cell is skipped even before any point fits (an infeasible request would otherwise price
+        micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows), and no more
+        than the compute ceiling of the points that fit there (:attr:`Cell.ceiling_of_fitting`; at another overlap
+        schedule too, which changes neither compute nor memory, and at this micro-batch: it halves the cells the
+        layouts' micro-batch climb prices, the 1,000-request sweep's plans unchanged); -inf when nothing fits
+        there, so the cell is skipped even before any point fits (an infeasible request would otherwise price
         every micro-batch of every layout). Infinite when no such cell is priced."""
         cap = np.inf
         per = self.per(sp, ring)
@@ -197,6 +217,7 @@ class Cells:
                     continue
                 if cell.best_fitting is None:
                     return -np.inf
+                cap = min(cap, cell.ceiling_of_fitting)
                 if o == overlap:
                     cap = min(cap, micro / m * float(cell.tps[cell.best_fitting]))
         return cap

@@ -57,6 +57,38 @@ def test_bulk_estimate_equals_the_scalar_estimate_on_every_candidate(spec):
     assert len(set(space.candidates())) == seen
 
 
+@pytest.mark.parametrize("spec", SPACES, ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_no_point_trains_faster_than_its_compute_ceiling_at_its_own_or_any_larger_micro_batch(spec):
+    """bulk.Bulk.ceiling, which the quick search bounds cells by (planner/search/fast_bulk.py, Cells.cap): at least
+    the row's tokens/s, and above the tokens/s of the same point at every larger micro-batch and any overlap
+    schedule, where that point fits (a point that fits there fits here too)."""
+    from autosp.cost_models import bulk
+
+    space = _space(spec)
+    by_point: dict = {}  # the knobs but micro-batch, grad_accum and overlap -> [(micro, tokens/s, ceiling, fits)]
+    for base, rows in space_groups(space):
+        out = bulk.estimate_group(space.model, space.hardware, space.workload, base, rows, space.profile)
+        assert (out.ceiling >= out.tokens_per_second).all()
+        for i in range(len(out.step)):
+            cand = row_candidate(space, base, rows, i)
+            key = tuple(sorted((k, v) for k, v in cand.__dict__.items()
+                               if k not in ("micro_batch", "grad_accum", "overlap")))
+            by_point.setdefault(key, []).append((cand.micro_batch, float(out.tokens_per_second[i]),
+                                                 float(out.ceiling[i]), bool(out.fits[i])))
+    compared = 0
+    for points in by_point.values():
+        for micro, tps, _, fits in points:
+            if not fits:
+                continue
+            for smaller, _, ceiling, fits_there in points:
+                if smaller <= micro:
+                    assert fits_there
+                    assert tps <= ceiling * (1 + REL), (micro, smaller, tps, ceiling)
+                    compared += smaller < micro
+    fitting_above_one = any(fits and micro > 1 for points in by_point.values() for micro, _, _, fits in points)
+    assert compared > 0 or not fitting_above_one  # (at 1M tokens on one H100 nothing fits above micro-batch 1)
+
+
 @pytest.mark.parametrize("spec", SPACES[:3] + SPACES[4:5], ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
 def test_bulk_exhaustive_search_gives_the_scalar_exhaustive_plan_and_runner_ups(spec):
     space = _space(spec)
