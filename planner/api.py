@@ -205,7 +205,7 @@ def _explain(request: PlanRequest, options: RunOptions, resolved: ResolvedReques
         raise UsageError(empty_reason(space))  # no candidate keeps the pins at all
     if best is None:
         raise InfeasibleError(infeasible_message(space, found.evaluator, objective, request.allow_cross_node_sp,
-                                                 hint=options.diagnose))
+                                                 hint=options.diagnose, leanest=result.leanest))
     if objective == "max-ctx":
         seq_len = request.ctx
         if seq_len is not None and result.seq_len < seq_len:

@@ -147,15 +147,27 @@ def more_gpus_hint(space, seq_len: int, allow_cross_node_sp: bool) -> str:
     return f"more GPUs would not help: even on {bigger.world_size:,} of them {_needs(cand, est)}"
 
 
-def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool, hint: bool = True) -> str:
+def _searched_leanest(space, evaluator, leanest: Candidate):
+    """(candidate, estimate) of the leanest point a search found (SearchResult.leanest), shown without an overlap
+    schedule where it may have none (the schedule changes no memory), as :func:`_lean_corner` shows it."""
+    knobs = {name: value for name, value in leanest.__dict__.items() if name not in ("dp", "grad_accum")}
+    plain = space.make(**dict(knobs, overlap="none"))
+    cand = leanest if space.reason(plain) else plain
+    return cand, evaluator(cand, space.workload.seq_len)
+
+
+def infeasible_message(space, evaluator, objective: str, allow_cross_node_sp: bool, hint: bool = True,
+                       leanest: Candidate | None = None) -> str:
     """Why nothing fits, on one line; ``hint``: also how many GPUs would (it prices bigger clusters: a
-    sweep, which plans many requests, leaves it out)."""
+    sweep, which plans many requests, leaves it out). ``leanest``: the space's least-memory point where the
+    search found it (SearchResult.leanest; a throughput request's only), else the memory-lean corner is priced."""
     seq_len = space.workload.seq_len
     if objective == "max-ctx":
         from autosp.planner.search.evaluator import CTX_GRANULE
 
         seq_len = CTX_GRANULE
-    lean = _leanest(space, seq_len)
+    lean = _searched_leanest(space, evaluator, leanest) if leanest is not None and objective != "max-ctx" \
+        else _leanest(space, seq_len)
     hw = space.hardware
     where = f"{hw.nodes}x{hw.devices_per_node} {hw.accelerator.name}" if hw.nodes > 1 else \
         f"{hw.devices_per_node}x {hw.accelerator.name}"

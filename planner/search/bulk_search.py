@@ -181,7 +181,10 @@ def bulk_throughput(space, evaluator: Evaluator, seq_len: int | None = None, top
         for i in _chosen_rows(arrays, top_k):
             base, rows = groups[int(arrays["group"][i])]
             evaluator(row_candidate(target, base, rows, int(arrays["row"][i])), seq)
-    return SearchResult(strategy="exhaustive", seq_len=seq, ranked=ranked_at(evaluator, seq), evaluations=n,
+    ranked = ranked_at(evaluator, seq)
+    # nothing fits: the least-memory rows are among those re-priced (_chosen_rows), the leanest ranked first
+    leanest = ranked[0][0] if n and ranked and not arrays["fits"].any() else None
+    return SearchResult(strategy="exhaustive", seq_len=seq, ranked=ranked, evaluations=n, leanest=leanest,
                         details={"space_size": n, "bulk_evaluations": n, "scalar_evaluations": evaluator.calls})
 
 

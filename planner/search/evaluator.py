@@ -148,6 +148,9 @@ class SearchResult:
     max_ctx: dict = field(default_factory=dict)  # Candidate -> longest context it fits (max-ctx only)
     details: dict = field(default_factory=dict)
     study: object = None  # the optuna Study behind an Optuna search (measured trials are recorded in it)
+    leanest: object = None
+    """Where nothing fits and the search priced the memory of every point of the space (the quick search in bulk):
+    the Candidate with the least memory at ``seq_len``, priced through the evaluator. None: not known."""
 
     @property
     def best(self):

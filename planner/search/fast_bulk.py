@@ -440,7 +440,12 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
     for cell, i in _shown_rows(cells.cells(), search.best[0]):
         evaluator(row_candidate(target, cell.base, cell.rows, i), seq)
     scalar = evaluator.calls - start
-    return SearchResult(strategy="fast", seq_len=seq, ranked=ranked_at(evaluator, seq),
+    # nothing fits: every cell at the first micro-batch was priced (no bound prunes below -inf), so the leanest row
+    # (shown: the scalar model ranks it first) has the space's least memory (memory grows with the micro-batch; no
+    # overlap schedule changes it), which the infeasible request's message reports (planner/diagnose.py)
+    ranked = ranked_at(evaluator, seq)
+    leanest = ranked[0][0] if ranked and not np.isfinite(search.best[0]) else None
+    return SearchResult(strategy="fast", seq_len=seq, ranked=ranked, leanest=leanest,
                         evaluations=cells.rows + search.bound_evaluations + evaluator.calls,
                         details={"layouts": layouts, "families": families, "cells_priced": len(cells.cells()),
                                  "climb_cells": len(cells.cells()) - swept,

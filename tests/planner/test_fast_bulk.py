@@ -187,3 +187,31 @@ def test_an_infeasible_request_prices_no_cell_that_cannot_fit(monkeypatch):
         per = cells.per(sp, ring)
         assert all(cells.priced.get((sp, ring, ep, m, seq, o)) is None
                    for m in per["micro_batch"] if m < micro for o in per["overlap"]), cell.key
+
+
+@pytest.mark.parametrize("spec", [dict(model="llama-3.1-70b", ctx="1M", hw="h100x8"),
+                                  dict(model="mistral-7b", ctx="2500k", hw="h100"),
+                                  dict(model="llama-3.1-70b", ctx="2500k", hw="h100x16")],
+                         ids=lambda s: f"{s['model']}-{s['ctx']}-{s['hw']}")
+def test_an_infeasible_request_names_the_least_memory_of_its_whole_space(spec):
+    """Where nothing fits, the quick and the exhaustive search both hand the message the space's least-memory point
+    (SearchResult.leanest), the minimum over every candidate priced in bulk, no more than the memory-lean corner
+    the message priced before (which missed leaner points: 195.6 GiB where 128.4 fit Mistral-7B at 2.5M tokens)."""
+    from autosp.planner.diagnose import _leanest, infeasible_message
+    from autosp.planner.search.bulk_search import bulk_throughput
+    from autosp.units import format_gib
+
+    space = _space(spec)
+    _, arrays = score_space(space)
+    assert not arrays["fits"].any()
+    least = float(arrays["memory"].min())
+    corner = _leanest(space, space.workload.seq_len)[1].memory.total
+    assert least <= corner
+    for search in (bulk_fast_throughput, bulk_throughput):
+        evaluator = Evaluator(space)
+        result = search(space, evaluator)
+        assert result.best is None and result.leanest is not None
+        memory = evaluator(result.leanest, space.workload.seq_len).memory.total
+        assert memory == pytest.approx(least, rel=1e-9)
+        message = infeasible_message(space, evaluator, "throughput", True, hint=False, leanest=result.leanest)
+        assert f"needs {format_gib(memory)} per GPU" in message and "overlap" not in message
