@@ -346,11 +346,12 @@ class _Compute:
     with_attention: np.ndarray     # whether the recompute runs attention again
     forwards_table: dict           # policy index -> flops.layer_forwards_recomputed
     t_proportional: np.ndarray     # forward + backward + FLOP-priced recompute: in proportion to the micro-batch
+    # (not gathered: the ceiling is computed over the projection's rows)
 
     def gathered(self, index: np.ndarray) -> "_Compute":
         """These per-row arrays at rows ``index`` (from a projection's distinct rows back to all rows)."""
         return replace(self, t_recompute=self.t_recompute[index], forwards=self.forwards[index],
-                       with_attention=self.with_attention[index], t_proportional=self.t_proportional[index])
+                       with_attention=self.with_attention[index])
 
 
 def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet) -> _Compute:
@@ -555,8 +556,8 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)
     tps = np.where(ok, tokens / np.where(ok, step, 1.0), 0.0)
-    proportional = ga * c.t_proportional
-    ceiling = np.where(proportional > 0, tokens / np.where(proportional > 0, proportional, 1.0), np.inf)
+    proportional = ga * c_free.t_proportional  # over the distinct rows of the compute's knobs, then gathered
+    ceiling = np.where(proportional > 0, tokens / np.where(proportional > 0, proportional, 1.0), np.inf)[back]
     return Bulk(step=step, memory=total, tokens_per_second=tps, capacity=memory.capacity_bytes(hw), ceiling=ceiling)
 
 

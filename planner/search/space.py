@@ -439,7 +439,10 @@ class SearchSpace:
         return reason
 
     def with_workload(self, workload: Workload) -> "SearchSpace":
-        """The space of the same request at another workload (the tiling choices depend on its length)."""
+        """The space of the same request at another workload (the tiling choices depend on its length); this
+        space itself at its own workload (it keeps the per-layout choices it has worked out)."""
+        if workload == self.workload:
+            return self
         return build_space(self.model, self.hardware, workload, self.allow_cross_node_sp, profile=self.profile,
                            fixed=self.fixed)
 
