@@ -186,6 +186,10 @@ ZeRO stage, optimizer or parameter offload. Those terms are computed over the di
 seventh of a group's rows or fewer) and gathered back (:meth:`RowSet.projection`)."""
 
 
+STATE_KNOBS = ("zero", "opt", "param", "loss")
+"""The row knobs the model states and the optimizer step read (the loss tiling: ZeRO-3's gathered LM head)."""
+
+
 # ---------------------------------------------------------------------- memory (memory.memory_breakdown)
 
 @dataclass(frozen=True)
@@ -200,6 +204,12 @@ class _States:
     expert_w: np.ndarray | None  # None: a dense model
     expert_g: np.ndarray | None
     expert_o: np.ndarray | None
+
+    def at(self, index: np.ndarray) -> "_States":
+        """These per-row arrays at rows ``index`` (from a projection's distinct rows back to all rows)."""
+        return _States(*(None if a is None else a[index] for a in (self.params, self.grads, self.optim,
+                                                                    self.gathered, self.expert_w, self.expert_g,
+                                                                    self.expert_o)))
 
 
 def _model_states(sh: Shapes, workload: Workload, base: Candidate, r: RowSet) -> _States:
@@ -541,9 +551,12 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     act = _over_host(sh, hw, base, r, act_free.gathered(back))
     c = c_free.gathered(back)
 
-    states = _model_states(sh, workload, base, r)
+    # the model states and the optimizer step read the ZeRO stage, the offloads of states and the loss tiling only:
+    # over their distinct rows (a few dozen), then gathered
+    held, held_back = r.projection(STATE_KNOBS)
+    states = _model_states(sh, workload, base, held).at(held_back)
     total = _memory_total(sh, base, r, states, act)
-    t_optimizer, optimizer_offload = _optimizer_times(hw, sh, base, r, c)
+    t_optimizer, optimizer_offload = (a[held_back] for a in _optimizer_times(hw, sh, base, held, c_free))
     ga = base.grad_accum
     compute = ga * (c.t_fwd + c.t_bwd + c.t_recompute) + t_optimizer
     experts = _expert_exposed(hw, sh, r, c)  # None, param_fetch None: nothing to add (x + 0.0 is x)
