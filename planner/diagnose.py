@@ -7,6 +7,8 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from autosp.contract.knobs import BY_NAME, lean_alternatives, lean_knobs
 from autosp.contract.specs import Candidate, Estimate
 from autosp.errors import UsageError
@@ -14,17 +16,42 @@ from autosp.units import format_gib, format_tokens
 
 
 def _leanest(space, seq_len: int):
-    """(candidate, estimate) with the least memory among the memory-lean corner of the space (each priced by its
-    memory alone, the leanest then estimated in full)."""
+    """(candidate, estimate) with the least memory of the space at ``seq_len``, or None where it has no candidate:
+    where the bulk model prices the hardware, the whole space at its smallest micro-batch (memory grows with the
+    micro-batch) priced in bulk, the points within bulk.ROUNDING_SLACK of the least re-priced by the scalar model,
+    the simplest of the least kept; elsewhere the least among the memory-lean corner (:func:`_lean_corner`, which
+    can miss leaner points)."""
+    from autosp.cost_models import bulk
     from autosp.cost_models.estimate import estimate
 
     workload = replace(space.workload, seq_len=seq_len)
     target = space.with_workload(workload)
-    corner = [cand for cand in _lean_corner(target) if not target.reason(cand)]
-    if not corner:
+    if bulk.supported(target.hardware) is None:
+        best = _least_memory_in_bulk(target.lean_micro_batch(), workload)
+    else:
+        corner = [cand for cand in _lean_corner(target) if not target.reason(cand)]
+        best = _least_memory(target, workload, corner) if corner else None
+    if best is None:
         return None
-    best = _least_memory(target, workload, corner)
     return best, estimate(target.model, target.hardware, workload, best, target.profile)
+
+
+def _least_memory_in_bulk(target, workload):
+    """The least-memory candidate of ``target`` (every candidate priced in bulk, the near-least by the scalar
+    model; ties: the simplest), or None."""
+    from autosp.cost_models import bulk
+    from autosp.cost_models.estimate import memory_only
+    from autosp.planner.search.bulk_search import row_candidate, score_space
+    from autosp.planner.search.evaluator import simplicity
+
+    groups, arrays = score_space(target)
+    memory = arrays["memory"]
+    if not len(memory):
+        return None
+    near = np.flatnonzero(memory <= memory.min() * (1 + bulk.ROUNDING_SLACK))
+    cands = [row_candidate(target, *groups[int(arrays["group"][i])], int(arrays["row"][i])) for i in near]
+    return min(cands, key=lambda c: (memory_only(target.model, target.hardware, workload, c, target.profile).total,
+                                     simplicity(c)))
 
 
 def _lean_corner(target):
