@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from autosp.contract.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
 from autosp.errors import UsageError
 from autosp.contract.plan import OBJECTIVES
-from autosp.planner.search.optuna_search import DEFAULT_TRIALS, MAX_TRIALS
+from autosp.planner.search.limits import CTX_GRANULE, DEFAULT_TRIALS, MAX_TRIALS
 from autosp.units import check_seed, parse_count, parse_ctx, parse_seconds
 
 SEARCHES = ("optuna", "exhaustive", "fast")
@@ -213,7 +213,6 @@ def resolve_hardware(hw, nodes=None) -> HardwareSpec:
 def resolve(request: PlanRequest) -> ResolvedRequest:
     """The specs of ``request`` (reads the catalogs; a model that is not a preset is priced by its graph
     profile, traced once and cached: :mod:`autosp.planner.profiles`)."""
-    from autosp.planner.search.evaluator import CTX_GRANULE
     from autosp.planner.profiles import resolve_model_and_profile
 
     model, profile = resolve_model_and_profile(request.model)

@@ -18,12 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from autosp.contract.knobs import simplicity_key
 from autosp.contract.specs import Candidate, Estimate, Workload
+from autosp.planner.search.limits import CTX_GRANULE, MAX_CTX  # noqa: F401  (re-exported: the searches import them here)
 
-CTX_GRANULE = 1024
-"""Resolution of the max-ctx search, in tokens."""
-
-MAX_CTX = 2**34
-"""Upper end of the max-ctx search (17 billion tokens)."""
 
 
 def simplicity(cand: Candidate) -> tuple:

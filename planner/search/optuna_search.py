@@ -49,12 +49,8 @@ from dataclasses import asdict, replace
 from autosp.contract.knobs import FAMILY, family_of, fast_dials, lean_knobs
 from autosp.planner.search.evaluator import MAX_CTX, Evaluator, SearchResult, progress_bar, rank_key, ranked_at
 from autosp.planner.search.moves import DIAL_KNOBS, complete, hill_climb, knobs_of
+from autosp.planner.search.limits import DEFAULT_TRIALS, MAX_TRIALS
 
-DEFAULT_TRIALS = 60
-MAX_TRIALS = 10_000
-"""The most sampler trials one search runs. TPE's cost per trial grows with the trials before it
-(llama at 200k on h100x8: 300 trials 2.4 s, 1,000 trials 15 s; 10,000 about 20 minutes), so a longer
-search is asked for by time (``time_budget``), not by count."""
 REFINE_STARTS = 3
 """Local refinement climbs from the best trial of this many different (sp, ring, ZeRO, checkpointing) families."""
 FAMILY_SWEEP_EVALUATIONS = 12_000
