@@ -20,6 +20,7 @@ from autosp.planner.api import plan_for
 from autosp.planner.request import PlanRequest
 plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="16k", hw="h100x8"), cache=sys.argv[1])
 heavy = sorted(m for m in ("numpy", "optuna", "torch", "autosp.planner.search.space", "autosp.planner.search.bulk_search",
+                           "autosp.planner.search.optuna_search", "autosp.planner.search.evaluator",
                            "autosp.cost_models.estimate", "tomllib", "importlib.metadata") if m in sys.modules)
 print(plan.search["cache"], ",".join(heavy))
 """
