@@ -66,3 +66,32 @@ def pg_url(pg_server):
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+# The longest test files, longest first (seconds each took in a CI run on 2 workers, Dec 2026). pytest-xdist
+# hands whole files to its two workers in collection order (pyproject's --no-loadscope-reorder), so these
+# start first and the files still running when the other worker runs dry are short ones; xdist's own order
+# (files with the most tests first) left single-test files of minutes, like the checkpoint CLI's, to the end.
+# A file missing from the list only runs later; tests/project/test_test_order.py checks every path exists.
+LONGEST_FIRST = (
+    "tests/compiler/test_compiler_ring.py",          # 388 s (one world-4 job)
+    "tests/compiler/test_compiler_packed.py",        # 271 s (one world-4 job)
+    "tests/compiler/test_compiler_families.py",      # 231 s (MoE, world 2 and 4)
+    "tests/compiler/test_checkpoint_cli.py",         # 199 s (one test: five autosp-train launches)
+    "tests/compiler/test_compiler_knobs_tiling.py",  # 186 s
+    "tests/hf/test_hf_trainers.py",                  # 162 s
+    "tests/compiler/test_chunked_layers.py",         # 120 s
+    "tests/planner/test_pins_every_strategy.py",     # 101 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def place(item):
+        try:
+            return rank.get(item.path.relative_to(config.rootpath).as_posix(), len(rank))
+        except ValueError:  # a test outside the repository (never in CI)
+            return len(rank)
+
+    items.sort(key=place)  # stable: the tests of a file, and the other files, keep their order
