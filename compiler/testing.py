@@ -1,7 +1,9 @@
 """Check an SP engine against one process on the full sequence (tests and studies use this).
 
 - :func:`spawn` runs ``fn(rank, world, *args)`` on ``world`` CPU processes joined by gloo on a free port
-  (one thread each), and returns rank 0's return value.
+  (one thread each), and returns rank 0's return value. The processes are forked from a forkserver that
+  imported torch, DeepSpeed and transformers once (:func:`start`), not started bare: each bare start spent
+  ~7.5 CPU-s importing them again, a sizeable share of the test suite on two cores.
 - :func:`reference_run` trains a copy of the model in this process on the full batches;
   :func:`sp_run` trains through ``autosp.compile``; both record the loss of every step, the gradients
   of the first step and the weights after the last, by parameter name.
@@ -10,7 +12,10 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import socket
 import tempfile
@@ -26,7 +31,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank, world, port, out_path, fn, args):
+# What a spawned rank needs, imported once in the forkserver (its children are forked from it with these
+# modules loaded) instead of in every rank. None of them starts a thread on import (checked: one thread after
+# importing all of them), so forking after them is safe; OMP_NUM_THREADS=1 is set before the server starts.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch._functorch.aot_autograd", "deepspeed",
+           "deepspeed.runtime.engine", "transformers", "transformers.models.llama.modeling_llama",
+           "autosp.compiler.api", "autosp.compiler.testing"]
+
+
+def _stop_forkserver():
+    """Stop this process's forkserver and reap it at exit (Python leaves it to notice on its own), so its
+    CPU time and its children's count towards this process's, as they did with bare starts."""
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
+def start(entry, args, nprocs: int, join: bool = True):
+    """``torch.multiprocessing.start_processes`` of ``entry(i, *args)`` from the forkserver that preloads
+    :data:`PRELOAD` (started on first use, once per process). The server keeps the environment it was
+    started with: an entry that needs the caller's current environment takes it as an argument (``_entry``
+    does). Returns the ProcessContext (``join=False``) or None."""
+    os.environ["OMP_NUM_THREADS"] = "1"  # the server (and so every rank) starts single-threaded
+    multiprocessing.set_forkserver_preload(PRELOAD)  # no effect once the server runs
+    if not getattr(start, "_registered", False):
+        atexit.register(_stop_forkserver)
+        start._registered = True
+    return mp.start_processes(entry, args=args, nprocs=nprocs, join=join, start_method="forkserver")
+
+
+def _entry(rank, world, port, out_path, env, fn, args):
+    os.environ.clear()
+    os.environ.update(env)  # the caller's environment at spawn time, not the forkserver's
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -45,7 +81,7 @@ def spawn(fn, world: int, *args):
     os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "result.pt")
-        mp.spawn(_entry, args=(world, free_port(), out_path, fn, args), nprocs=world, join=True)
+        start(_entry, (world, free_port(), out_path, dict(os.environ), fn, args), world)
         return torch.load(out_path, weights_only=False)
 
 
@@ -229,7 +265,7 @@ def capture_graph(fn, *args, **kwargs):
 
 
 __all__ = ["alive", "assert_within", "capture_graph", "child_pids", "compare", "free_port", "full_grad", "full_weight", "packed_loss",
-           "reference_run", "rel_err", "run_cases", "sp_run", "spawn"]
+           "reference_run", "rel_err", "run_cases", "sp_run", "spawn", "start"]
 
 
 def _proc_state(pid: int):

@@ -96,7 +96,7 @@ def test_deepspeed_accepts_the_config_on_dp_times_sp_processes(tmp_path):
     """Launched like autosp launches it (one process per GPU, gloo here), DeepSpeed sees world = dp*sp and
     accepts train_batch_size; the sequence-count alternative (micro*ga*dp) is rejected, which is why the
     config counts shards."""
-    import torch.multiprocessing as mp
+    from autosp.compiler.testing import start
 
     base = make_plan("llama-3.2-1b", "16k", "h100x2", global_batch=8, search="exhaustive")
     shapes = [dict(sp=2, dp=1, micro_batch=1, grad_accum=8, zero_stage=3),
@@ -111,7 +111,7 @@ def test_deepspeed_accepts_the_config_on_dp_times_sp_processes(tmp_path):
     wrong = dict(sp2, train_batch_size=sp2["autosp"]["sequences_per_step"])  # counting sequences, not shards
     configs.append(wrong)
     expect.append((False, None))
-    mp.spawn(_parse_on_rank, args=(2, _free_port(), configs, str(tmp_path)), nprocs=2, join=True)
+    start(_parse_on_rank, (2, _free_port(), configs, str(tmp_path)), 2)  # the ranks set their own environment
     for rank in range(2):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for (ok, tbs), got in zip(expect, results):
