@@ -309,7 +309,8 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", args.local_rank or 0)))
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()  # then it is ours to destroy at the end (NCCL warns otherwise)
+    if owns_group:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:  # one process, no launcher: any free port (29500 may be taken)
             from autosp.compiler.train_launch import free_port
@@ -369,7 +370,11 @@ def main(argv=None) -> int:
     from autosp.compiler.training.loop import Trainer
 
     logger = StepLogger(steps=args.steps, seq=seq, candidate=c, plan=plan, world=dist.get_world_size(),
-                        log_json=args.log_json, tensorboard=args.tensorboard, rank=rank)
+                        log_json=args.log_json, tensorboard=args.tensorboard, rank=rank,
+                        model=facts.spec)
+    if rank == 0 and logger.plan_difference:
+        print(f"autosp-train: note: {logger.plan_difference}, so its steps are not compared with the plan's "
+              f"predicted time and MFU (MFU is this model's FLOPs over {plan.hardware.name}'s peak)", flush=True)
 
     def save_or_stop(trainer, record) -> bool:  # --save-every, the last step, SIGTERM/SIGINT (saved, then stop)
         return checkpoints.after_step(engine, trainer.step_index, trainer.micro_steps,
@@ -380,9 +385,10 @@ def main(argv=None) -> int:
                       eval_steps=args.eval_steps, hooks=[save_or_stop])
     with kernels.sdpa_context(kernel if cuda else None):  # the step's SDPA calls run on the chosen kernel first
         trainer.run()
-    if trainer.stop:
-        return 0  # stopped by SIGTERM/SIGINT after saving
-    checkpoints.finish(engine, args.steps, trainer.micro_steps)
+    if not trainer.stop:  # (a stop by SIGTERM/SIGINT has saved already)
+        checkpoints.finish(engine, args.steps, trainer.micro_steps)
+    if owns_group:
+        dist.destroy_process_group()
     return 0
 
 

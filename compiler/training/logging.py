@@ -15,10 +15,12 @@ Fields of a step record, and what they mean:
   None when DeepSpeed computed none), ``step_time_s``, ``peak_memory_gib`` (device memory, or the host
   RSS on CPU) and ``memory`` (which);
 - ``mfu``: model FLOPs per token (the cost model's :func:`autosp.cost_models.flops.model_flops` for the
-  plan's model at this run's sequence length and candidate: 6 x dense parameters + causal attention)
-  x tokens/s over the plan's hardware peak x the processes; ``predicted_step_time_s`` and ``predicted_mfu``
-  are the plan's estimate. Without a plan there is no hardware peak to divide by: all three are None
-  ("n/a" on the console) rather than a figure made up for this machine;
+  model this run trains -- the plan's, or what ``--layers``/``--hidden``/... made of it -- at this run's
+  sequence length and candidate: 6 x dense parameters + causal attention) x tokens/s over the plan's
+  hardware peak x the processes; ``predicted_step_time_s`` and ``predicted_mfu`` are the plan's estimate,
+  given only when this run trains the plan's model at the plan's sequence length (a plan priced for 16
+  layers says nothing about a 2-layer step). Without a plan there is no hardware peak to divide by: all
+  three are None ("n/a" on the console) rather than a figure made up for this machine;
 - ``eta_s``: the remaining steps at the mean step time so far (the first step, which compiles, left out
   once there are others);
 - ``eval_loss`` (+ ``eval_tokens``) on the steps that evaluated.
@@ -38,9 +40,9 @@ SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s", "pea
 """The record fields written to TensorBoard (as ``train/<field>``; ``eval/loss``), when they have a value."""
 
 
-def flops_per_token(plan, seq: int, candidate) -> float | None:
-    """Model FLOPs per real token (forward + backward, no recompute) of the plan's model at ``seq``
-    tokens per sequence under ``candidate``, from the cost model; None without a plan."""
+def flops_per_token(plan, seq: int, candidate, model=None) -> float | None:
+    """Model FLOPs per real token (forward + backward, no recompute) of ``model`` (default: the plan's) at
+    ``seq`` tokens per sequence under ``candidate``, from the cost model; None without a plan."""
     if plan is None:
         return None
     from autosp.cost_models.flops import model_flops
@@ -48,10 +50,29 @@ def flops_per_token(plan, seq: int, candidate) -> float | None:
 
     workload = dataclasses.replace(plan.workload, seq_len=seq)
     try:
-        per_gpu = model_flops(Shapes(plan.model, workload, candidate))
+        per_gpu = model_flops(Shapes(model or plan.model, workload, candidate))
     except ValueError:  # heads that do not divide (the run refused it already)
         return None
     return per_gpu * candidate.sp / (seq * candidate.micro_batch)
+
+
+def _shape(spec) -> dict:
+    """A model's fields that its cost depends on (not its name or where its figures came from)."""
+    return {k: v for k, v in dataclasses.asdict(spec).items() if k not in ("name", "source")}
+
+
+def plan_difference(plan, seq: int, model=None) -> str | None:
+    """Why the plan's predicted step does not apply to this run (another model shape or sequence length), or
+    None when it does (or there is no plan)."""
+    if plan is None:
+        return None
+    if model is not None and _shape(model) != _shape(plan.model):
+        changed = [k for k, v in _shape(model).items() if _shape(plan.model).get(k) != v]
+        return (f"the plan was priced for {plan.model.name} as planned; this run trains it with "
+                f"{', '.join(f'{k}={getattr(model, k)}' for k in changed)}")
+    if seq != plan.workload.seq_len:
+        return f"the plan was priced for {plan.workload.seq_len} tokens per sequence; this run trains {seq}"
+    return None
 
 
 def check_tensorboard(directory: str | None) -> None:
@@ -87,12 +108,14 @@ class StepLogger:
     """Rank 0's step reports. ``plan``: the loaded plan or None; ``world``: the processes."""
 
     def __init__(self, *, steps: int, seq: int, candidate, plan=None, world: int = 1, log_json: str | None = None,
-                 tensorboard: str | None = None, rank: int = 0, print_fn=print):
+                 tensorboard: str | None = None, rank: int = 0, print_fn=print, model=None):
+        """``model``: the ModelSpec this run trains, when it may differ from the plan's (``--layers`` etc.)."""
         self.steps, self.rank, self.print = steps, rank, print_fn
         self.log_json, self.records, self.times = log_json, [], []
-        self.flops_per_token = flops_per_token(plan, seq, candidate)
+        self.flops_per_token = flops_per_token(plan, seq, candidate, model)
         self.peak_flops = plan.hardware.accelerator.peak_flops * world if plan is not None else None
-        estimate = getattr(plan, "estimate", None)
+        self.plan_difference = plan_difference(plan, seq, model)
+        estimate = getattr(plan, "estimate", None) if self.plan_difference is None else None
         self.predicted_step = estimate.time.step if estimate is not None and estimate.time.step > 0 else None
         self.predicted_mfu = estimate.mfu if estimate is not None and estimate.mfu > 0 else None
         self.writer = None
@@ -158,4 +181,4 @@ class StepLogger:
             self.writer.close()
 
 
-__all__ = ["SCALARS", "StepLogger", "check_tensorboard", "flops_per_token"]
+__all__ = ["SCALARS", "StepLogger", "check_tensorboard", "flops_per_token", "plan_difference"]

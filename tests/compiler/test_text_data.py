@@ -221,3 +221,37 @@ def test_bad_text_inputs_are_one_line(tmp_path, cache, tokenizer_dir, case, extr
     with pytest.raises(UsageError, match=match) as err:
         main(argv)
     assert "\n" not in str(err.value)
+
+
+def test_a_run_that_shrinks_the_planned_model_is_not_compared_with_the_plan(tmp_path):
+    """--layers 2 under a plan priced for more layers: MFU counts the 2 layers' FLOPs, and the plan's predicted step
+    time and MFU (of the planned model) are not shown next to the step."""
+    import dataclasses
+
+    from test_compiler_train_cli import write_plan
+
+    from autosp.compiler.api import load_plan
+    from autosp.compiler.training.logging import StepLogger
+    from autosp.cost_models import estimate
+    from autosp.cost_models.flops import model_flops
+    from autosp.cost_models.shapes import Shapes
+    from autosp.contract.specs import Candidate
+
+    cand = Candidate(sp=2)
+    plan = load_plan(write_plan(tmp_path / "plan.json", cand, seq_len=64))
+    plan = dataclasses.replace(plan, estimate=estimate(plan.model, plan.hardware, plan.workload, cand))
+    assert plan.estimate.time.step > 0
+    small = dataclasses.replace(plan.model, n_layers=1, name="renamed")
+    lines = []
+    logger = StepLogger(steps=1, seq=64, candidate=cand, plan=plan, world=2, model=small,
+                        print_fn=lambda *a, **k: lines.append(a[0]))
+    rec = logger.record(1, loss=1.0, lr=1.0, grad_norm=1.0, tokens=64, seconds=0.5, peak=0.0, memory="GiB")
+    per_step = model_flops(Shapes(small, plan.workload, cand)) * 2
+    assert rec["mfu"] == pytest.approx(per_step / 0.5 / (plan.hardware.accelerator.peak_flops * 2))
+    assert rec["predicted_step_time_s"] is None and rec["predicted_mfu"] is None and "(plan " not in lines[0]
+    assert "n_layers=1" in logger.plan_difference
+    same = StepLogger(steps=1, seq=64, candidate=cand, plan=plan, world=2, print_fn=lambda *a, **k: None,
+                      model=dataclasses.replace(plan.model, name="same shape, another name"))
+    assert same.plan_difference is None and same.predicted_step == plan.estimate.time.step
+    longer = StepLogger(steps=1, seq=128, candidate=cand, plan=plan, world=2, print_fn=lambda *a, **k: None)
+    assert "64 tokens" in longer.plan_difference and longer.predicted_step is None
