@@ -2,7 +2,7 @@
 # Put in .gpu_wheels/ (ignored by git) the Python packages the GPU machine lacks for
 # `python -m studies.gpu_check`, so that a session can carry the folder there and install it offline.
 #
-#   studies/gpu_check_wheels.sh            # from the repository root, after the venv is set up
+#   studies/gpu_session/wheels.sh            # from the repository root, after the venv is set up (prepare.sh runs it)
 #
 # The GPU machine (no network) has torch, numpy, msgpack, ninja, psutil, py-cpuinfo, packaging, tqdm and
 # einops but not DeepSpeed and its pydantic/hjson stack, and not autosp (studies.bootstrap maps autosp.*
@@ -19,7 +19,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu_wheels/*.whl
 #   export PYTHONPATH=/tmp/site
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=.gpu_wheels
 DEPS=(hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On the GPU machine (one H200 here), from the repository root, with .gpu_wheels and .gpu_run carried
+# (studies/gpu_session/prepare.sh makes them); everything it prints goes to $OUT/log.txt too.
+#
+#   bash studies/gpu_session/run.sh           # facts, autosp-train under a flash3 plan, autosp-calibrate, GPU check
+#   bash studies/gpu_session/run.sh kernels   # autosp-train under the flash2 and cudnn plans, twice each, alternated
+#
+# The first ends within TOTAL seconds (default 550; the GPU check gets what is left), the second in about 100 s.
+# A bare machine: autosp runs from the checkout (bare_cli.py), the wheels are installed into /tmp/site.
+set -u
+T0=$(date +%s); END=$((T0 + ${TOTAL:-550}))
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_wheels/*.whl || exit 9
+export PYTHONPATH=/tmp/site
+LOG=${OUT:-.}/log.txt
+left() { echo $((END - $(date +%s))); }
+train() {  # one process without a launcher: the environment torchrun would give rank 0 of 1
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29611 \
+    timeout 130 python3 studies/gpu_session/bare_cli.py train_main "$@" --backend aot_eager 2>&1 | grep -v "^\[20"
+}
+if [ "${1:-}" = kernels ]; then
+  for kernel in flash2 cudnn flash2 cudnn; do
+    train --plan .gpu_run/plan_$kernel.json --layers 2 --steps 6 | grep -E "^autosp-train|^step" | tee -a "$LOG"
+  done
+  exit 0
+fi
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'cap', torch.cuda.get_device_capability(), 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)"
+  python3 -c "import flash_attn_interface" 2>&1 | tail -1
+} 2>&1 | tee -a "$LOG"
+echo "== autosp-train with a plan priced for flash3 ($(left) s left)" | tee -a "$LOG"
+train --plan .gpu_run/plan_flash3.json --layers 2 --steps 3 | tee -a "$LOG"
+echo "== autosp-calibrate ($(left) s left)" | tee -a "$LOG"
+timeout 150 python3 studies/gpu_session/bare_cli.py calibrate_main --compare h200 --out "${OUT:-.}/calibrated-h200.json" \
+  --no-progress 2>&1 | grep -v "^\[20" | tee -a "$LOG"
+B=$(( $(left) - 25 ))
+echo "== gpu_check, budget $B s" | tee -a "$LOG"
+timeout $((B + 20)) python3 -m studies.gpu_check --out "${OUT:-.}/gc" --time-budget $B 2>&1 | grep -v "^\[20" | tee -a "$LOG"
+echo "== done in $(( $(date +%s) - T0 )) s" | tee -a "$LOG"
