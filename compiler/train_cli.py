@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "config's eos_token_id): pack them into --ctx sequences, each document trained on its own")
     run.add_argument("--dtype", choices=("bf16", "fp32"), help="default: the plan's (bf16 without a plan on GPU, "
                                                                 "fp32 on CPU)")
-    run.add_argument("--backend", choices=("inductor", "aot_eager"), default="inductor")
+    run.add_argument("--backend", choices=("inductor", "aot_eager"),
+                     help="torch.compile backend (default: the one the plan was priced for, its compile_backend, "
+                          "aot_eager for a plan of an uncompiled step; inductor without a plan)")
     run.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (the peak of a schedule; default 1e-4)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--log-json", help="also write one JSON object per step to this file (rank 0)")
@@ -285,10 +287,19 @@ def _first_run_notice(what: str, *, cuda: bool = False, offload: bool = False, b
         print(line, flush=True)
 
 
+def default_backend(plan) -> str:
+    """The torch.compile backend a run without ``--backend`` uses: the one its plan was priced for (the plan's
+    ``compile_backend``: an untiled loss costs less memory fused by Inductor; a plan of an uncompiled step is run
+    op by op, by aot_eager), Inductor without a plan."""
+    planned = plan.workload.compile_backend if plan is not None else "inductor"
+    return "inductor" if planned == "inductor" else "aot_eager"
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     launch, plan, candidate, facts, seq, tokens = _preflight(args, argv)
+    args.backend = args.backend or default_backend(plan)
     if launch.launcher == "spawn":
         from autosp.compiler.train_launch import run_processes, without_nproc_flag
 
@@ -398,4 +409,4 @@ if __name__ == "__main__":
     sys.exit(train_main())
 
 
-__all__ = ["TokenSource", "build_parser", "main"]
+__all__ = ["TokenSource", "build_parser", "default_backend", "main"]

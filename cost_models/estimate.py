@@ -173,13 +173,15 @@ def fits(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand: Candidate
 
 
 def max_seq_len(model: ModelSpec, hw: HardwareSpec, cand: Candidate, dtype: str = "bf16",
-                multiple_of: int = 1, upper: int = 1 << 31, profile: ModelProfile | None = None) -> int:
+                multiple_of: int = 1, upper: int = 1 << 31, profile: ModelProfile | None = None,
+                compile_backend: str = "inductor") -> int:
     """The longest sequence (a multiple of ``multiple_of``) whose memory fits, by binary search on the
     memory model (monotone in seq_len); 0 if not even ``multiple_of`` tokens fit."""
     step = max(1, multiple_of)
 
     def ok(units: int) -> bool:
-        return fits(model, hw, Workload(seq_len=units * step, dtype=dtype), cand, profile)
+        return fits(model, hw, Workload(seq_len=units * step, dtype=dtype, compile_backend=compile_backend), cand,
+                    profile)
 
     lo, hi = 0, max(1, upper // step)
     if ok(hi):

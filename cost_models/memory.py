@@ -33,6 +33,8 @@ loader, DeepSpeed's own pinned buffers)."""
 # --- logits + loss ---------------------------------------------------------------------------------
 LOSS_FP32_BYTES = profile.LOSS_FP32_BYTES
 """Per logit, the fp32 tensors alive at the loss peak besides the logits themselves (analytic profile)."""
+FUSED_LOSS_FP32_BYTES = profile.FUSED_LOSS_FP32_BYTES
+"""The same for an untiled loss Inductor compiled into one kernel."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,13 +266,18 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     Untiled: the profile's loss peak per token (analytic: bf16 logits, e bytes, kept alive by the
     model output through the backward, plus LOSS_FP32_BYTES of fp32 tensors at the loss peak:
     V x (e + 12)); the logits (``prof.logits``) then stay alive through the layers' backward.
+    Untiled under Inductor (``Workload.compile_backend``): the fused cross-entropy holds FUSED_LOSS_FP32_BYTES
+    per logit instead of LOSS_FP32_BYTES: V x (e + 4).
     Tiled over N chunks (recomputed in backward, ALST's TiledFusedLogitsLoss): one chunk's worth of
-    the same tensors plus the gradient of the hidden states (s x h), nothing persistent.
+    the same tensors plus the gradient of the hidden states (s x h), nothing persistent. The tiles run op by op
+    under every backend (the tiled loss is one custom op that Inductor does not look into).
     """
     s, e = sh.s, sh.e
     p = sh.prof
     peak_token = p.loss_peak.other * e + p.loss_peak.fixed
     n = cand.loss_chunks
+    if n == 1 and sh.fused_loss:
+        return s * (p.loss_peak.other * e + FUSED_LOSS_FP32_BYTES * sh.V), s * (p.logits.other * e + p.logits.fixed)
     if n > 1:
         chunk = math.ceil(s / n)
         return chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed), 0.0

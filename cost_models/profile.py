@@ -41,6 +41,12 @@ LOSS_FP32_BYTES = 12
 """Per logit, the fp32 tensors alive at the loss peak besides the logits themselves: log-softmax
 output (saved for backward), its incoming gradient and the gradient of the upcast logits (4 B each)."""
 
+FUSED_LOSS_FP32_BYTES = 4
+"""Per logit, the fp32 bytes alive at the peak of an untiled loss that Inductor compiled, besides the logits: the
+fused log-softmax + NLL keeps only a log-sum-exp per token and its backward writes the gradient of the upcast
+logits in one fused kernel (measured: studies/loss_memory.py on the CPU, and the GPU check on an H200, where
+the rows without loss tiling held 6 B per bf16 logit at the loss peak, not LOSS_FP32_BYTES + 2 = 14)."""
+
 LOSS_POINTWISE_FWD_BYTES = 14.0
 LOSS_POINTWISE_BWD_BYTES = 18.0
 """Memory traffic of the loss per logit at 2-byte logits: forward ~14 B (upcast, log-softmax, NLL

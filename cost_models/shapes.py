@@ -54,7 +54,8 @@ class Shapes:
     __slots__ = ("S", "S_pad", "P", "U", "R", "b", "s", "e", "h", "q", "k", "k_eff", "V", "L", "a", "d",
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
-                 "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention", "moe", "model")
+                 "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention", "moe", "model",
+                 "fused_loss")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -95,6 +96,7 @@ class Shapes:
         self.qproj_params = prof.qproj_matmul
         self.attn_width = prof.attn_width
         self.doc_lens = workload.doc_lens
+        self.fused_loss = workload.compile_backend == "inductor"  # an untiled loss is one fused kernel
         self.window = model.sliding_window
         self.windowed = min(model.windowed_layers, prof.n_layers)
         self.attention = None  # (work, ring steps), computed once by ring.attention_steps

@@ -66,14 +66,15 @@ def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", glob
               search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
               top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
               measure=None, time_budget=None, fix=(), doc_lens=None, mean_doc_len=None,
-              attention_kernel=None) -> Plan:
+              attention_kernel=None, compile_backend: str = "inductor") -> Plan:
     """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
     :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
     docs say what each takes, and the run options of :func:`plan_for`)."""
     request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
                           dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
                           seed=seed, time_budget=time_budget, top_k=top_k, fix=fix, doc_lens=doc_lens,
-                          mean_doc_len=mean_doc_len, attention_kernel=attention_kernel)
+                          mean_doc_len=mean_doc_len, attention_kernel=attention_kernel,
+                          compile_backend=compile_backend)
     return plan_for(request, RunOptions(cache=cache, storage=storage, study_name=study_name, worker=worker,
                                         measure=measure))
 

@@ -93,7 +93,7 @@ def _ds_artifact(path: str, data: dict) -> Artifact:
         else:  # configs written before it was recorded: a fixed batch only when it accumulates
             global_batch = a["sequences_per_step"] if cand.grad_accum > 1 else None
         workload = Workload(seq_len=int(a["seq_len"]), global_batch=global_batch, dtype=dtype,
-                            doc_lens=a.get("doc_lens", ()))
+                            doc_lens=a.get("doc_lens", ()), compile_backend=a.get("compile_backend", "inductor"))
     except KeyError as missing:
         raise UsageError(f"{path}: the DeepSpeed config's autosp section lacks {missing}") from None
     except (TypeError, ValueError) as bad:

@@ -87,6 +87,8 @@ def replan_command(t: ResolvedRequest, out_path: str) -> str:
         parts += ["--global-batch", str(t.workload.global_batch)]
     if t.workload.dtype != "bf16":
         parts += ["--dtype", t.workload.dtype]
+    if t.workload.compile_backend != "inductor":
+        parts += ["--compile-backend", t.workload.compile_backend]
     if not r.allow_cross_node_sp:
         parts.append("--no-cross-node-sp")
     parts += ["--plan-out", out_path]

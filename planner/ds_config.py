@@ -74,6 +74,7 @@ def deepspeed_config(plan) -> dict:
             "space_version": plan.search.get("space_version"),
             "cost_model_version": plan.search.get("cost_model_version"),
             **({"doc_lens": [list(p) for p in w.doc_lens]} if w.doc_lens else {}),  # packed documents
+            **({"compile_backend": w.compile_backend} if w.compile_backend != "inductor" else {}),
         },
     }
 

@@ -64,7 +64,8 @@ def target_request(art: Artifact, overrides: dict | None = None, search_from_pla
                                                 else art.search.get("allow_cross_node_sp")),
                        search=search, trials=trials, seed=seed,
                        fix=art.search.get("fixed") or (),  # a plan made with --fix is checked against the same pins
-                       doc_lens=art.workload.doc_lens or None)
+                       doc_lens=art.workload.doc_lens or None,
+                       compile_backend=getattr(art.workload, "compile_backend", "inductor"))
 
 
 GRAPH_SOURCE = "graph profile "

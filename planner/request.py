@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from autosp.contract.specs import DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
+from autosp.contract.specs import COMPILE_BACKENDS, DTYPES, HardwareSpec, ModelSpec, Workload, workload_key
 from autosp.errors import UsageError
 from autosp.contract.plan import OBJECTIVES
 from autosp.planner.search.limits import CTX_GRANULE, DEFAULT_TRIALS, MAX_TRIALS
@@ -80,6 +80,9 @@ class PlanRequest:
     attention_kernel: str | None = None
     """The attention kernel the cost model prices (``flash2``, ``flash3``, ``cudnn``, ``flex``); None: the one the
     compiler runs on the accelerator (cost_models/catalog/attention_kernels.py)."""
+    compile_backend: str = "inductor"
+    """How the step will be compiled (``autosp-train --backend``): ``inductor`` or ``aot_eager``, or ``eager``
+    for a step that is not compiled; only an untiled loss costs differently (``Workload.compile_backend``)."""
 
     def __post_init__(self):
         def set_(name, value):
@@ -100,7 +103,8 @@ class PlanRequest:
 
         if self.attention_kernel is not None and self.attention_kernel not in KERNELS:
             raise UsageError(f"--attention-kernel must be one of {', '.join(KERNELS)}, got {self.attention_kernel!r}")
-        for name, allowed in (("objective", OBJECTIVES), ("search", SEARCHES), ("dtype", DTYPES)):
+        for name, allowed in (("objective", OBJECTIVES), ("search", SEARCHES), ("dtype", DTYPES),
+                              ("compile_backend", COMPILE_BACKENDS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.ctx is None:
@@ -185,7 +189,7 @@ class ResolvedRequest:
         optuna = r.search == "optuna"
         workload = dict(workload_key(self.workload), seq_len=r.ctx)  # None: max-ctx without a floor
         out = {"model": self.model.fingerprint(), "hardware": self.hardware.fingerprint(), "workload": workload}
-        folded = {"model", "hw", "nodes", "ctx", "global_batch", "dtype"}
+        folded = {"model", "hw", "nodes", "ctx", "global_batch", "dtype", "compile_backend"}
         for f in fields(PlanRequest):
             if f.name not in folded:
                 out[f.name] = getattr(r, f.name)
@@ -225,7 +229,7 @@ def resolve(request: PlanRequest) -> ResolvedRequest:
         except ValueError as err:
             raise UsageError(f"--attention-kernel: {err}") from None
     workload = Workload(seq_len=request.ctx or CTX_GRANULE, global_batch=request.global_batch, dtype=request.dtype,
-                        doc_lens=request.documents())
+                        doc_lens=request.documents(), compile_backend=request.compile_backend)
     return ResolvedRequest(request=request, model=model, profile=profile, hardware=hardware, workload=workload)
 
 

@@ -19,6 +19,7 @@ from autosp.contract.knobs import BY_NAME, CHECKPOINTING_POLICIES, OVERLAP_SCHED
 
 DTYPES = ("bf16", "fp32")
 OPTIMIZERS = ("adamw",)
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 
 
 def fingerprint_of(obj) -> str:
@@ -276,6 +277,12 @@ class Workload:
     (increasing lengths): documents are laid end to end and cut into sequences of ``seq_len`` tokens, and
     attention stays inside each document (cost_models/documents.py). Empty: every sequence is one document
     (unpacked).
+
+    ``compile_backend``: how the training step runs. ``inductor`` (autosp-train's default) fuses an untiled
+    cross-entropy, which then holds the logits and one fp32 tensor per logit at its peak; ``aot_eager`` and
+    ``eager`` (no torch.compile: ALST, the Hugging Face Trainer without autosp) run it op by op, with fp32
+    log-softmax, its gradient and the upcast logits' gradient alive at once (cost_models/memory.py). Nothing
+    else the cost model prices depends on it.
     """
 
     seq_len: int
@@ -283,6 +290,7 @@ class Workload:
     dtype: str = "bf16"
     optimizer: str = "adamw"
     doc_lens: tuple = ()
+    compile_backend: str = "inductor"
 
     def __post_init__(self):
         pairs = tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in self.doc_lens)
@@ -300,6 +308,8 @@ class Workload:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compile_backend must be one of {COMPILE_BACKENDS}, got {self.compile_backend!r}")
 
 
 def hardware_from_dict(data: dict) -> HardwareSpec:
@@ -310,9 +320,11 @@ def hardware_from_dict(data: dict) -> HardwareSpec:
 
 
 def workload_key(workload: Workload) -> dict:
-    """The workload as a plain dict for cache keys: ``doc_lens`` only when documents are packed, so unpacked
-    requests keep the keys they had before documents existed."""
+    """The workload as a plain dict for cache keys: ``doc_lens`` only when documents are packed and
+    ``compile_backend`` only when it is not Inductor, so the other requests keep the keys they had before."""
     data = asdict(workload)
+    if workload.compile_backend == "inductor":
+        del data["compile_backend"]
     if not workload.doc_lens:
         del data["doc_lens"]
     else:
@@ -500,6 +512,6 @@ class Estimate:
         return self.memory.total <= self.capacity_bytes
 
 
-__all__ = ["CHECKPOINTING_POLICIES", "DTYPES", "OPTIMIZERS", "OVERLAP_SCHEDULES", "AcceleratorSpec", "Candidate",
+__all__ = ["CHECKPOINTING_POLICIES", "COMPILE_BACKENDS", "DTYPES", "OPTIMIZERS", "OVERLAP_SCHEDULES", "AcceleratorSpec", "Candidate",
            "Estimate", "HardwareSpec", "MemoryBreakdown", "ModelSpec", "TimeBreakdown", "Workload", "fingerprint_of",
            "from_dict", "workload_key"]

@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--attention-kernel", choices=("flash2", "flash3", "cudnn", "flex"),
                       help="the attention kernel to price (default: the one the compiler runs on the accelerator: "
                            "cudnn on Hopper and Blackwell, flash2 elsewhere)")
+    what.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager", "eager"),
+                      help="how autosp-train will compile the step (its --backend; default inductor): only an "
+                           "untiled loss costs differently, Inductor fusing it (eager: not compiled at all)")
     docs = what.add_mutually_exclusive_group()
     docs.add_argument("--doc-lens", metavar="FILE",
                       help="packed documents: their lengths in tokens, as a text file with one length per line, "

@@ -134,7 +134,8 @@ def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") 
     w, m = plan.workload, plan.model
     lines = []
     head = (f"autosp plan: {m.name} at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) on {_hw_line(plan.hardware)}"
-            f"{dot}{w.dtype}{dot}objective {plan.objective}")
+            f"{dot}{w.dtype}{dot}objective {plan.objective}"
+            + ("" if getattr(w, "compile_backend", "inductor") == "inductor" else f"{dot}compile backend {w.compile_backend}"))
     lines.append(head)
     if plan.objective == "max-ctx":
         lines.append(f"  longest trainable context: {w.seq_len:,} tokens (searched in steps of "

@@ -64,7 +64,8 @@ class _Run:
         hist: dict[int, int] = {}
         for length in self.doc_lens:
             hist[length] = hist.get(length, 0) + 1
-        return Workload(seq_len=self.seq_len, dtype=self.dtype, doc_lens=tuple(sorted(hist.items())))
+        return Workload(seq_len=self.seq_len, dtype=self.dtype, doc_lens=tuple(sorted(hist.items())),
+                        compile_backend=self.backend)  # an untiled loss is priced as the backend runs it
 
     def packed_inputs(self, ids):
         """(labels, position_ids) of packed documents, the Hugging Face convention: positions restart at 0

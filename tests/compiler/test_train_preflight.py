@@ -133,3 +133,20 @@ def test_unsupported_architectures_are_one_line_exit_2_before_building(tmp_path,
     assert train_main(["--model", str(tmp_path), "--sp", "1", "--ctx", "64", "--steps", "1", "--backend", "aot_eager",
                        "--dtype", "fp32"]) == 2
     assert words in _error(capsys)
+
+
+def test_without_backend_a_run_compiles_as_its_plan_was_priced(tmp_path):
+    """The plan's compile_backend prices an untiled loss (fused by Inductor, op by op otherwise): autosp-train without
+    --backend compiles that way, so the memory it was planned for is the memory it uses."""
+    import dataclasses
+
+    from autosp.compiler.train_cli import build_parser, default_backend
+    from autosp.planner.api import make_plan
+
+    plan = make_plan("llama-3.2-1b", "4k", "h100", search="exhaustive", cache=False)
+    assert plan.workload.compile_backend == "inductor" and default_backend(plan) == "inductor"
+    for priced, runs in (("aot_eager", "aot_eager"), ("eager", "aot_eager")):
+        other = dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, compile_backend=priced))
+        assert default_backend(other) == runs
+    assert default_backend(None) == "inductor"
+    assert build_parser().parse_args(["--model", "llama-3.2-1b"]).backend is None  # resolved after the plan loads

@@ -69,7 +69,7 @@ ROUND = HardwareSpec(
 
 def test_hand_computed_tiny_example():
     """tiny: L=2, h=64, 4 heads x 16, 2 KV heads, ffn 128, vocab 256; S=1024, sp=2, ZeRO 0, no checkpointing."""
-    w = Workload(seq_len=1024)
+    w = Workload(seq_len=1024, compile_backend="eager")  # the loss op by op (Inductor's fused loss: below)
     cand = Candidate(sp=2, dp=1, zero_stage=0, checkpointing="none")
     est = estimate(TINY, ROUND, w, cand)
     m = est.memory
@@ -194,13 +194,30 @@ def test_peak_is_the_larger_of_loss_and_layer_phases():
 
 
 def test_loss_tiling_lowers_memory_and_costs_time():
-    prev = _est(BASE)
+    eager = replace(W64K, compile_backend="eager")
+    prev = _est(BASE, w=eager)
     for chunks in (2, 4, 16):
-        cur = _est(replace(BASE, loss_chunks=chunks))
+        cur = _est(replace(BASE, loss_chunks=chunks), w=eager)
         assert cur.memory.logits_loss < prev.memory.logits_loss
         assert cur.memory.total < prev.memory.total
         assert cur.time.step > prev.time.step
         prev = cur
+
+
+def test_inductor_fuses_an_untiled_loss_so_two_tiles_no_longer_save_memory():
+    """Untiled, Inductor's fused cross-entropy holds the bf16 logits and one fp32 tensor per logit (6 B) where the
+    op-by-op loss holds 14 B; the tiles run op by op under every backend, so two tiles of 7 B per logit (plus the
+    hidden-state gradient) hold more than the fused untiled loss, and four or more hold less."""
+    s, vocab = W64K.seq_len // BASE.sp, LLAMA.vocab
+    fused, eager = _est(BASE), _est(BASE, w=replace(W64K, compile_backend="eager"))
+    assert fused.memory.logits_loss == s * vocab * (2 + 4) and eager.memory.logits_loss == s * vocab * (2 + 12)
+    for other in ("aot_eager", "eager"):
+        assert _est(BASE, w=replace(W64K, compile_backend=other)).memory == eager.memory
+    for chunks, saves in ((2, False), (4, True), (16, True)):
+        tiled = _est(replace(BASE, loss_chunks=chunks))
+        assert tiled.memory == _est(replace(BASE, loss_chunks=chunks), w=replace(W64K, compile_backend="eager")).memory
+        assert (tiled.memory.logits_loss < fused.memory.logits_loss) is saves
+    assert fused.time == eager.time  # only memory depends on the backend
 
 
 def test_untiled_logits_dwarf_a_layer_at_long_context():

@@ -50,6 +50,20 @@ def test_fresh_plan_and_its_deepspeed_config_pass(committed, capsys):
         assert err == ""
 
 
+def test_a_plan_priced_for_another_compile_backend_is_checked_as_it_was_made(tmp_path, capsys):
+    """--compile-backend eager (an untiled loss priced op by op) travels in the plan and the DeepSpeed config, so
+    a check re-prices it the same way and its re-plan command asks for it again."""
+    req = ["--model", "llama-3.2-1b", "--ctx", "32k", "--hw", "h200", "--no-cache", "--compile-backend", "eager"]
+    assert plan_main([*req, "--plan-out", str(tmp_path / "p.json"), "--ds-config", str(tmp_path / "ds.json"),
+                      "--json"]) == 0
+    assert load_plan(str(tmp_path / "p.json")).workload.compile_backend == "eager"
+    for name in ("p.json", "ds.json"):
+        code, r, _ = check(capsys, str(tmp_path / name), "--no-cache")
+        assert code == 0 and r["status"] == "pass" and r["changes"] == [], r
+    code, r, _ = check(capsys, str(tmp_path / "ds.json"), "--no-cache", "--tolerance", "0%", "--hw", "h100")
+    assert "--compile-backend eager" in json.dumps(r)
+
+
 def test_infeasible_when_the_knobs_are_invalid_or_do_not_fit(committed, capsys):
     d, cache = committed
     code, r, _ = check(capsys, str(d / "plan.json"), "--hw", "h100x4", "--cache", cache)

@@ -47,9 +47,11 @@ def test_the_cache_key_lists_every_field_and_not_the_spelling():
     b = resolve(PlanRequest(model=a.model, hw=resolve_hardware("h100x8"), ctx=131_072))
     assert a.key_material(60, SPACE_VERSION) == b.key_material(60, SPACE_VERSION)
     key = a.key_material(60, SPACE_VERSION)
-    folded = {"model", "hw", "nodes", "ctx", "global_batch", "dtype"}
+    folded = {"model", "hw", "nodes", "ctx", "global_batch", "dtype", "compile_backend"}  # keyed in the workload
     assert {f.name for f in dataclasses.fields(PlanRequest)} - folded <= set(key)  # a new field is keyed by itself
     json.dumps(key)  # storable
+    eager = resolve(dataclasses.replace(a.request, compile_backend="eager")).key_material(60, SPACE_VERSION)
+    assert "compile_backend" not in key["workload"] and eager["workload"]["compile_backend"] == "eager"
     other = resolve(dataclasses.replace(a.request, seed=1)).key_material(60, SPACE_VERSION)
     assert other != key
     exhaustive = resolve(dataclasses.replace(a.request, search="exhaustive", seed=1)).key_material(60, SPACE_VERSION)
