@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("inductor", "aot_eager"), default=None,
                    help="torch.compile backend (default inductor on the GPU, aot_eager on the dry run)")
     p.add_argument("--list", action="store_true", help="print the rows with their predictions and exit")
+    p.add_argument("--reprice", metavar="JSON", default=None,
+                   help="price the measured rows of a committed gpu_check.json again with today's cost model "
+                        "(--hw, default the file's hardware) and print then/now next to the measurement; nothing runs")
     return p
 
 
@@ -66,6 +70,14 @@ def main(argv=None) -> int:
             raise ValueError(f"--out {args.out}: exists and is not a folder")
         opts = CheckOptions(out=args.out, time_budget=args.time_budget, dry_run=args.dry_run, hw=args.hw, rows=names,
                             warmup=args.warmup, steps=args.steps, backend=args.backend)
+        if args.reprice:
+            from studies.gpu_check.reprice import reprice_lines
+
+            try:
+                print("\n".join(reprice_lines(args.reprice, args.hw)))
+            except (OSError, KeyError, json.JSONDecodeError) as err:
+                raise ValueError(f"--reprice {args.reprice}: not a readable gpu_check.json ({err})") from None
+            return 0
         if args.list:
             return _list(opts)
         return run_check(opts)

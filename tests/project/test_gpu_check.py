@@ -168,3 +168,17 @@ def test_deadline_stops_a_running_row_and_skips_the_rest():
     assert [r["status"] for r in out] == ["not_run", "not_run"]
     assert out[0]["error"] == "stopped at the deadline while it ran"
     assert out[1]["error"].startswith("not started")
+
+
+def test_the_cost_model_prices_the_h200_checks_allocated_peaks_within_ten_percent():
+    """The committed GPU check of one H200 (studies/results/gpu_check_h200.json), priced again by today's cost model:
+    every measured row's allocated peak within 10 %. Pricing the untiled loss op by op (14 B per logit where Inductor
+    holds 6) put seven of its nine rows at 1.3-2.3x."""
+    from studies.gpu_check.reprice import reprice_lines, reprice_rows
+
+    path = str(ROOT / "studies" / "results" / "gpu_check_h200.json")
+    _, _, priced = reprice_rows(path)
+    assert len(priced) == 9
+    assert all(0.9 <= r["alloc_now"] <= 1.1 for r in priced), [(r["label"], round(r["alloc_now"], 3)) for r in priced]
+    assert max(r["alloc_then"] for r in priced) > 2.0  # the check ran under the old price
+    assert "param-offload-8k" in "\n".join(reprice_lines(path))
