@@ -277,7 +277,7 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     peak_token = p.loss_peak.other * e + p.loss_peak.fixed
     n = cand.loss_chunks
     if n == 1 and sh.fused_loss:
-        return s * (p.loss_peak.other * e + FUSED_LOSS_FP32_BYTES * sh.V), s * (p.logits.other * e + p.logits.fixed)
+        peak_token = p.loss_peak.other * e + FUSED_LOSS_FP32_BYTES * sh.V
     if n > 1:
         chunk = math.ceil(s / n)
         return chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed), 0.0

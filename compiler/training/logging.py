@@ -66,8 +66,9 @@ def plan_difference(plan, seq: int, model=None) -> str | None:
     None when it does (or there is no plan)."""
     if plan is None:
         return None
-    if model is not None and _shape(model) != _shape(plan.model):
-        changed = [k for k, v in _shape(model).items() if _shape(plan.model).get(k) != v]
+    trained, planned = (_shape(model), _shape(plan.model)) if model is not None else (None, None)
+    if trained != planned:
+        changed = [k for k, v in trained.items() if planned.get(k) != v]
         return (f"the plan was priced for {plan.model.name} as planned; this run trains it with "
                 f"{', '.join(f'{k}={getattr(model, k)}' for k in changed)}")
     if seq != plan.workload.seq_len:

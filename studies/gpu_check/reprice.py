@@ -13,8 +13,6 @@ import dataclasses
 import json
 
 GIB = 1024 ** 3
-STATE_FIELDS = ("parameters", "gradients", "optimizer_states", "activations", "logits_loss", "comm_buffers",
-                "expert_states")
 
 
 def _config(row: dict):
@@ -28,10 +26,6 @@ def _config(row: dict):
     cfg["doc_lens"] = tuple(cfg.get("doc_lens", ()))
     names = {f.name for f in dataclasses.fields(RunConfig)}
     return RunConfig(model=ModelSpec(**model), **{k: v for k, v in cfg.items() if k in names})
-
-
-def _allocated(memory: dict) -> float:
-    return sum(memory.get(k, 0.0) for k in STATE_FIELDS)
 
 
 def reprice_rows(path: str, hw_name: str | None = None) -> tuple[dict, object, list[dict]]:
@@ -51,7 +45,8 @@ def reprice_rows(path: str, hw_name: str | None = None) -> tuple[dict, object, l
         est = estimate(cfg.model, hw, cfg.workload(), cfg.candidate())
         alloc, step = row["memory"]["allocated_peak"], row["time"]["step_median"]
         rows.append({"label": row["label"], "allocated": alloc, "step": step,
-                     "alloc_then": _allocated(row["prediction"]["memory"]) / alloc,
+                     "alloc_then": (row["prediction"]["memory"]["total"] - row["prediction"]["memory"]["reserve"])
+                     / alloc,
                      "alloc_now": (est.memory.total - est.memory.reserve) / alloc,
                      "step_then": row["prediction"]["time"]["step"] / step, "step_now": est.time.step / step})
     return summary, hw, rows
