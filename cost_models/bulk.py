@@ -298,8 +298,7 @@ def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
             attention = s * e * attn_phase + s * attn_fixed
             experts = moe.transient_bytes_per_token(ms, e, policy)
             for m in r.mlp_values:
-                mlp_phase, mlp_fixed = memory.layer_mlp_phase(sh, policy, m)
-                table[p * 1024 + m] = max(s * e * mlp_phase + s * (mlp_fixed + experts), attention)
+                table[p * 1024 + m] = max(memory.mlp_phase_bytes(sh, policy, m, experts), attention)
         transient = _pick(ckpt * 1024 + mlp, table)
     return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=kept + transient,
                         host=host)

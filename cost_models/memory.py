@@ -189,6 +189,26 @@ def layer_mlp_phase(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[float, fl
     return mlp_phase, mlp_fixed
 
 
+def tiled_weight_grad_bytes(sh: Shapes, params: float) -> float:
+    """Bytes of the weight gradients a tiled op (tiled MLP, tiled logits + loss) holds through its whole backward:
+    it recomputes and back-propagates N chunks, each chunk's GEMM adding into gradients in the weight dtype (e
+    bytes per parameter), which it returns. The untiled op's gradients are matmul outputs made at the end of its
+    backward, after its peak, so at the tiled op's peak these bytes are extra."""
+    return sh.e * params
+
+
+def mlp_phase_bytes(sh: Shapes, policy: str, mlp_chunks: int, extra_fixed: float = 0.0) -> float:
+    """Bytes alive on top of the kept set during one layer's MLP backward: :func:`layer_mlp_phase` over the
+    local tokens (``extra_fixed``: more fixed bytes per token, the experts' buffers) and, when a dense MLP is
+    tiled, the weight gradients its chunks add into (:func:`tiled_weight_grad_bytes`; a mixture of experts'
+    tiled experts: cost_models/moe.py)."""
+    mlp_phase, mlp_fixed = layer_mlp_phase(sh, policy, mlp_chunks)
+    working = sh.s * sh.e * mlp_phase + sh.s * (mlp_fixed + extra_fixed)
+    if mlp_chunks == 1 or sh.moe is not None:
+        return working
+    return working + tiled_weight_grad_bytes(sh, sh.mlp_params)
+
+
 def layer_attention_phase(sh: Shapes, policy: str) -> tuple[float, float]:
     """(elements, fixed bytes) per local token of the attention backward phase (:func:`layer_transient_phases`):
     no MLP tiling changes it."""
@@ -254,9 +274,10 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
             else:
                 transient += layer_set
     else:
-        mlp_phase, mlp_fixed, attn_phase, attn_fixed = layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
-        mlp_fixed += moe.transient_bytes_per_token(sh.moe, e, cand.checkpointing)
-        transient = max(s * e * mlp_phase + s * mlp_fixed, s * e * attn_phase + s * attn_fixed)
+        attn_phase, attn_fixed = layer_attention_phase(sh, cand.checkpointing)
+        experts = moe.transient_bytes_per_token(sh.moe, e, cand.checkpointing)
+        transient = max(mlp_phase_bytes(sh, cand.checkpointing, cand.mlp_chunks, experts),
+                        s * e * attn_phase + s * attn_fixed)
     return kept, transient, per_layer, host
 
 
@@ -269,7 +290,8 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     Untiled under Inductor (``Workload.compile_backend``): the fused cross-entropy holds FUSED_LOSS_FP32_BYTES
     per logit instead of LOSS_FP32_BYTES: V x (e + 4).
     Tiled over N chunks (recomputed in backward, ALST's TiledFusedLogitsLoss): one chunk's worth of
-    the same tensors plus the gradient of the hidden states (s x h), nothing persistent. The tiles run op by op
+    the same tensors plus the gradient of the hidden states (s x h) and the head's weight gradient the tiles
+    add into (V x h: :func:`tiled_weight_grad_bytes`), no logits kept. The tiles run op by op
     under every backend (the tiled loss is one custom op that Inductor does not look into).
     """
     s, e = sh.s, sh.e
@@ -280,7 +302,8 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
         peak_token = p.loss_peak.other * e + FUSED_LOSS_FP32_BYTES * sh.V
     if n > 1:
         chunk = math.ceil(s / n)
-        return chunk * peak_token + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed), 0.0
+        return (chunk * peak_token + tiled_weight_grad_bytes(sh, sh.V * sh.h)
+                + s * (p.loss_hidden_grad.other * e + p.loss_hidden_grad.fixed)), 0.0
     return s * peak_token, s * (p.logits.other * e + p.logits.fixed)
 
 
@@ -380,6 +403,6 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
 __all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION", "LOSS_FP32_BYTES", "NCCL_BYTES",
            "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "expert_state_bytes", "host_bytes_available",
            "layer_extra_bytes", "layer_saved_elems", "layer_attention_phase", "layer_mlp_phase", "layer_transient_elems",
-           "layer_transient_phases",
+           "layer_transient_phases", "mlp_phase_bytes", "tiled_weight_grad_bytes",
            "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "reserve_bytes",
            "state_bytes_per_param", "zero3_gathered_params", "zero_state_bytes"]

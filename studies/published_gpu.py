@@ -53,7 +53,9 @@ huggingface/trl pull request 6845 ("Document 1M-token training and add a context
 Each row is priced by the planner's own machinery: its search space for the row's cluster and length, with every
 knob the run fixed pinned (sp, no ring, ZeRO-3, micro-batch 1, full checkpointing, optimizer offload, activation
 offload on/off, parameter offload on/off, no all-to-all overlap: ALST has none) and the tiling levels left to
-the search where the run tiled (MLP_CHUNKS / LOSS_CHUNKS > 1) or pinned to 1 where it did not. The fastest
+the search where the run tiled (MLP_CHUNKS / LOSS_CHUNKS > 1) or pinned to 1 where it did not; TRL's loss tiles,
+which its source fixes at 256 tokens (``TRL_LOSS_TILE_TOKENS``), are pinned (as the planner's smallest tile, 1,024
+tokens). The fastest
 candidate that fits wins; when none fits, the one over capacity by the least. ``ratio`` = predicted /
 published iteration time.
 """
@@ -61,6 +63,7 @@ published iteration time.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from dataclasses import dataclass, fields, replace
@@ -71,7 +74,7 @@ from autosp.cost_models.catalog.models import resolve_model
 from autosp.contract.specs import Workload
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.search.exhaustive import exhaustive_throughput
-from autosp.planner.search.space import build_space
+from autosp.planner.search.space import MIN_TILE_TOKENS, build_space
 
 MODEL = "llama-3.1-8b"
 RESULTS = Path(__file__).resolve().parent / "results" / "published_gpu.txt"
@@ -99,6 +102,9 @@ class PublishedRun:
     attention_kernel: str | None = "flash2"
     """The kernel the run used (None: the accelerator's default, cost_models/catalog/attention_kernels.py)."""
     published_memory_gb: float | None = None
+    loss_tile_tokens: int | None = None
+    """Tokens per loss tile when the run's source fixes them (the loss tiling is then pinned to the local tokens over
+    this; None: the search picks the tiling, as for ALST, whose shard count the recipes leave to its code)."""
 
 
 def hms(text: str) -> float:
@@ -108,6 +114,11 @@ def hms(text: str) -> float:
         seconds = seconds * 60 + float(part)
     return seconds
 
+
+TRL_LOSS_TILE_TOKENS = 256
+"""TRL's ``chunked_nll`` runs the LM head and the cross-entropy over 256 valid tokens at a time, each chunk under
+gradient checkpointing (huggingface/trl, ``trl/trainer/sft_trainer.py``: ``_CHUNKED_LM_HEAD_CHUNK_SIZE = 256`` and
+``_chunked_cross_entropy_loss``, read at commit f2cd577 of July 2026)."""
 
 RUNS = (
     PublishedRun("h100x8", 32_000, 1, False, False, False, False, hms("17"), "DP 8, no Liger"),
@@ -119,11 +130,14 @@ RUNS = (
     PublishedRun("h100x1", 500_000, 1, True, True, True, True, hms("16:50"), "all + weights on CPU"),
     PublishedRun("h100x32", 15_500_000, 32, True, True, True, False, hms("7:25:09"), "all, SP 32 on 4 nodes"),
     PublishedRun("h100x8", 2**20, 8, True, False, True, False, 364.0, "ring 8, FSDP2, ckpt offload", system="TRL",
-                 model="qwen3-8b", ring=8, offload_optimizer=False, attention_kernel=None, published_memory_gb=56.2),
+                 model="qwen3-8b", ring=8, offload_optimizer=False, attention_kernel=None, published_memory_gb=56.2,
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
     PublishedRun("h100x16", 2**21, 16, True, False, True, False, 696.0, "ring 16 on 2 nodes", system="TRL",
-                 model="qwen3-8b", ring=16, offload_optimizer=False, attention_kernel=None),
+                 model="qwen3-8b", ring=16, offload_optimizer=False, attention_kernel=None,
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
     PublishedRun("h100x32", 2**22, 32, True, False, True, False, 1346.0, "ring 32 on 4 nodes", system="TRL",
-                 model="qwen3-8b", ring=32, offload_optimizer=False, attention_kernel=None),
+                 model="qwen3-8b", ring=32, offload_optimizer=False, attention_kernel=None,
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
 )
 MEMORY_TARGET = (-0.20, 0.10)
 """Predicted peak memory within -20% / +10% of a published one (TRL's 56.2 GB read as 10^9 bytes, the stricter
@@ -141,6 +155,17 @@ def run_hardware(run: PublishedRun, kernel: str | None = None):
     return with_kernel(resolve_hardware(run.hardware), kernel or run.attention_kernel)
 
 
+def _loss_chunks(run: PublishedRun, space) -> tuple:
+    """The loss tilings the run may be priced with: untiled; the run's own tile size (no smaller than the planner's
+    smallest tile, MIN_TILE_TOKENS: TRL's 256 tokens price as 1,024, whose loss phase stays below the layers'
+    backward all the same); or the searched ones."""
+    if not run.loss_tiled:
+        return (1,)
+    if run.loss_tile_tokens:
+        return (math.ceil(run.seq_len / run.sp / max(run.loss_tile_tokens, MIN_TILE_TOKENS)),)
+    return tuple(c for c in space.loss_chunks if c > 1)
+
+
 def pinned_space(run: PublishedRun, kernel: str | None = None):
     """The planner's space for this run with every knob the run fixed pinned (tiling levels searched)."""
     model, hw = resolve_model(run.model), run_hardware(run, kernel)
@@ -149,7 +174,7 @@ def pinned_space(run: PublishedRun, kernel: str | None = None):
                 offload_activations=(run.offload_activations,), overlap=("none",),
                 offload_optimizer=(run.offload_optimizer,),
                 mlp_chunks=tuple(c for c in space.mlp_chunks if c > 1) if run.mlp_tiled else (1,),
-                loss_chunks=tuple(c for c in space.loss_chunks if c > 1) if run.loss_tiled else (1,),
+                loss_chunks=_loss_chunks(run, space),
                 sequence_chunks=(1,), offload_chunks=(False,))
     if "offload_param" in {f.name for f in fields(space)}:
         pins["offload_param"] = (run.offload_param,)

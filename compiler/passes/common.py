@@ -139,3 +139,12 @@ def evaluate(gm: fx.GraphModule, target: fx.Node, example_inputs) -> object:
 __all__ = ["ARANGE", "CE_ARGS", "CE_DEFAULTS", "CROSS_ENTROPY", "EMBEDDING", "LOG_SOFTMAX", "NLL_LOSS", "PAD", "SDPA",
            "SDPA_ARGS", "SDPA_DEFAULTS", "ancestors", "evaluate", "example", "fail", "is_call", "is_method",
            "normalized", "op_name", "placeholders", "set_named_args", "shape", "where"]
+
+
+def add_matmul_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``acc += a @ b`` for the tiled ops' weight gradients: one GEMM adding into ``acc`` when the dtypes agree (no
+    product tensor); under autocast (16-bit chunks, fp32 weights) the product is made and added."""
+    if a.dtype == acc.dtype and b.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc.add_(a.mm(b))

@@ -21,7 +21,7 @@ Inductor): the forward computes, for each of N chunks of the flattened tokens, t
 autograd formula saves only ``hidden``, ``W``, ``b`` and the targets, and
 ``autosp_ops::tiled_linear_cross_entropy_backward`` recomputes each chunk's logits with autograd
 enabled and back-propagates the chunk's loss into d(hidden) (written chunk by chunk) and d(W), d(b)
-(accumulated, fp32 for 16-bit weights). Per token the arithmetic is the untiled one. This is ALST's
+(accumulated in the weight dtype, each chunk's GEMM adding into them). Per token the arithmetic is the untiled one. This is ALST's
 TiledFusedLogitsLoss, with the recompute inside the op.
 
 **The logits are not available when tiled.** The model's output still has its ``logits`` field (the
@@ -46,6 +46,7 @@ from autosp.compiler.passes.common import (
     CROSS_ENTROPY,
     LOG_SOFTMAX,
     NLL_LOSS,
+    add_matmul_into,
     fail,
     is_call,
     is_method,
@@ -104,9 +105,8 @@ def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor
     (mm), so every token's arithmetic is the untiled one; d W, d b accumulate over chunks.
     """
     flat, flat_target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    acc_w = torch.zeros_like(weight, dtype=torch.float32 if weight.dtype in (torch.bfloat16, torch.float16)
-                             else weight.dtype)
-    acc_b = None if bias is None else torch.zeros_like(acc_w[:, 0])
+    acc_w = torch.zeros_like(weight)  # in the weight dtype, as the tiled MLP (tiling_mlp.tiled_mlp_backward)
+    acc_b = None if bias is None else torch.zeros_like(bias)
     d_hidden = torch.empty_like(flat)
     start = 0
     for hc, tc in zip(torch.tensor_split(flat, chunks), torch.tensor_split(flat_target, chunks)):
@@ -129,12 +129,13 @@ def tiled_linear_cross_entropy_backward(grad: torch.Tensor, hidden: torch.Tensor
         if softcap:
             d_logits = d_logits * (1 - tanh * tanh)
             del tanh
-        acc_w.add_(d_logits.t().mm(hc))
+        add_matmul_into(acc_w, d_logits.t(), hc)
         if acc_b is not None:
             acc_b.add_(d_logits.sum(0))
         d_hidden[start:start + n].copy_(d_logits.mm(weight))
+        del d_logits  # else this tile's logit gradient is still alive at the next tile's peak
         start += n
-    return [d_hidden.view(hidden.shape), acc_w.to(weight.dtype), *([acc_b.to(bias.dtype)] if bias is not None else [])]
+    return [d_hidden.view(hidden.shape), acc_w, *([acc_b] if bias is not None else [])]
 
 
 @tiled_linear_cross_entropy_backward.register_fake

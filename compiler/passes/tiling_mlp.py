@@ -19,9 +19,9 @@ chunks cannot be fused back into one s x ffn tensor:
 - the autograd formula saves the MLP *input and the weights only* (no s x ffn tensor is saved for
   backward) and calls ``autosp_ops::tiled_mlp_backward``, which recomputes each chunk's forward with
   autograd enabled, back-propagates that chunk's output gradient, writes the chunk's input gradient
-  and accumulates the weight gradients (in fp32 for 16-bit weights). Per-token arithmetic is the same
-  as untiled; weight gradients are sums over chunks instead of one matmul over all tokens (fp32
-  rounding only). This is ALST's TiledMLP, with the recompute inside the op instead of a checkpoint.
+  and accumulates the weight gradients (in the weight dtype: see ``tiled_mlp_backward``). Per-token
+  arithmetic is the same as untiled; weight gradients are sums over chunks instead of one matmul over all
+  tokens (one rounding per chunk). This is ALST's TiledMLP, with the recompute inside the op instead of a checkpoint.
 
 Memory (what docs/cost_model.md assumes): saved for backward drops from the MLP intermediates to the
 MLP input; the live intermediates and their gradients in forward and backward drop to one chunk's
@@ -40,7 +40,7 @@ from torch import fx
 from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.context import SPContext
 from autosp.compiler.experts import moe_experts as _moe_experts  # noqa: F401  (registers autosp_ops::moe_experts)
-from autosp.compiler.passes.common import SDPA, fail, is_call, shape
+from autosp.compiler.passes.common import SDPA, add_matmul_into, fail, is_call, shape
 
 MOE_EXPERTS = torch.ops.autosp_ops.moe_experts.default
 
@@ -112,11 +112,16 @@ def _act_backward(name: str, grad: torch.Tensor, x: torch.Tensor) -> torch.Tenso
     raise RuntimeError(f"autosp_ops::tiled_mlp_backward: unknown activation {name!r}")
 
 
-def _linear_backward(grad2d, x2d, w, acc_w, acc_b):
-    """Accumulate d W (and d b) of y = x W^T + b; return d x."""
-    acc_w.add_(grad2d.t().mm(x2d))
+def _accumulate_weight_grad(grad2d, x2d, acc_w, acc_b):
+    """Accumulate d W (and d b) of y = x W^T + b: one GEMM adding into the accumulator (no product tensor)."""
+    add_matmul_into(acc_w, grad2d.t(), x2d)
     if acc_b is not None:
         acc_b.add_(grad2d.sum(0))
+
+
+def _linear_backward(grad2d, x2d, w, acc_w, acc_b):
+    """Accumulate d W (and d b) of y = x W^T + b; return d x."""
+    _accumulate_weight_grad(grad2d, x2d, acc_w, acc_b)
     return grad2d.mm(w)
 
 
@@ -128,12 +133,14 @@ def tiled_mlp_backward(grad: torch.Tensor, x: torch.Tensor, up_w: torch.Tensor, 
 
     Chunk by chunk: recompute the chunk's forward (the intermediates of one chunk only), then its
     backward with the kernels autograd would run (mm, silu/gelu/threshold backward), so every token's
-    arithmetic is the untiled one; weight gradients are accumulated over chunks (fp32 for 16-bit weights).
+    arithmetic is the untiled one; weight gradients are accumulated over chunks in the weight dtype, each chunk's
+    GEMM adding into them (``addmm_``): no fp32 copy of the weights and no product tensor, as ALST's TiledMLP
+    (autograd accumulating into ``.grad``) and Liger's default; for 16-bit weights that is one rounding per chunk
+    instead of one in all.
     """
     dim = _seq_dim(x)
     params = [up_w, up_b, gate_w, gate_b, down_w, down_b]
-    acc = [None if p is None else torch.zeros_like(p, dtype=torch.float32 if p.dtype in (torch.bfloat16, torch.float16)
-                                                   else p.dtype) for p in params]
+    acc = [None if p is None else torch.zeros_like(p) for p in params]  # the gradients it returns (see above)
     acc_up_w, acc_up_b, acc_gate_w, acc_gate_b, acc_down_w, acc_down_b = acc
     dx = torch.empty_like(x)
     start = 0
@@ -145,26 +152,32 @@ def tiled_mlp_backward(grad: torch.Tensor, x: torch.Tensor, up_w: torch.Tensor, 
         g2 = gc.reshape(-1, gc.shape[-1])
         up = F.linear(x2, up_w, up_b)
         if gate_w is not None:
+            # At most four f-wide tensors per token alive at once (the cost model's 3f/N + f/N): the products
+            # below reuse the buffers of tensors that are dead after them (same elementwise arithmetic).
             gate = F.linear(x2, gate_w, gate_b)
             activated = _act(act, gate)
             inner = activated * up
-        else:
-            inner = _act(act, up)
-        d_inner = _linear_backward(g2, inner, down_w, acc_down_w, acc_down_b)
-        del inner
-        if gate_w is not None:
-            d_up = d_inner * activated
-            d_gate = _act_backward(act, d_inner * up, gate)
-            del activated, gate
+            _accumulate_weight_grad(g2, inner, acc_down_w, acc_down_b)
+            del inner  # before d_inner exists
+            d_inner = g2.mm(down_w)
+            d_act = up.mul_(d_inner)           # d act(gate) = d_inner * up, in up's buffer
+            d_up = d_inner.mul_(activated)     # d up = d_inner * act(gate), in d_inner's buffer
+            del up, d_inner, activated
+            d_gate = _act_backward(act, d_act, gate)
+            del d_act, gate
             d_x = _linear_backward(d_gate, x2, gate_w, acc_gate_w, acc_gate_b)
             del d_gate
             d_x = d_x + _linear_backward(d_up, x2, up_w, acc_up_w, acc_up_b)
         else:
+            _accumulate_weight_grad(g2, _act(act, up), acc_down_w, acc_down_b)
+            d_inner = g2.mm(down_w)
             d_up = _act_backward(act, d_inner, up)
+            del up, d_inner
             d_x = _linear_backward(d_up, x2, up_w, acc_up_w, acc_up_b)
         dx.narrow(dim, start, n).copy_(d_x.view(xc.shape))
+        del d_up, d_x  # else they are still alive while the next chunk builds its own
         start += n
-    return [dx, *(total.to(p.dtype) for total, p in zip(acc, params) if p is not None)]
+    return [dx, *(total for total in acc if total is not None)]
 
 
 @tiled_mlp_backward.register_fake

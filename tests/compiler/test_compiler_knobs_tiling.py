@@ -174,6 +174,51 @@ def test_tiled_loss_bf16_logits_upcast_like_the_model():
         assert g.dtype == torch.bfloat16 and (g.float() - w.float()).norm() <= 1e-2 * w.float().norm()
 
 
+def _allocated_peak(fn) -> int:
+    """The most bytes ``fn`` holds allocated at once on the CPU (the profiler's allocation events, in order)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    sizes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.typed[0] == _EventType.Allocation:
+            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
+        stack.extend(event.children)
+    current = peak = 0
+    for _, size in sorted(sizes):
+        current += size
+        peak = max(peak, current)
+    return peak
+
+
+def test_tiled_backwards_hold_one_chunk_at_a_time_as_the_cost_model_prices():
+    """fp32, the backward alone: the tiled MLP holds four f-wide tensors per token of one chunk (the cost model's
+    3f/N live + f/N gradients) besides d x (s x h) and the weight gradients its chunks add into
+    (memory.tiled_weight_grad_bytes); the tiled loss holds one tile's e + 12 bytes per logit (the cost model's
+    loss peak) besides d hidden and the head's gradient. Nothing of one chunk outlives it, and the weight
+    gradients accumulate in place (no fp32 copy, no product tensor)."""
+    torch.manual_seed(0)
+    s, h, f, n = 4096, 128, 2048, 4
+    x = torch.randn(1, s, h, requires_grad=True)
+    weights = [torch.randn(f, h, requires_grad=True), torch.randn(f, h, requires_grad=True),
+               torch.randn(h, f, requires_grad=True)]
+    out = tiled_mlp(x, weights[0], None, weights[1], None, weights[2], None, "silu", n)
+    grad = torch.ones_like(out)
+    peak = _allocated_peak(lambda: out.backward(grad))
+    per_chunk_token = (peak - 4 * 3 * h * f - 4 * s * h) / (4 * (s // n) * f)
+    assert per_chunk_token == pytest.approx(4.0, abs=0.02)  # f-wide fp32 tensors per token of one chunk
+
+    s, V, h, n = 2048, 32000, 128, 8
+    hidden, weight = torch.randn(s, h, requires_grad=True), torch.randn(V, h, requires_grad=True)
+    target = torch.randint(0, V, (s,))
+    loss = tiled_linear_cross_entropy(hidden, weight, None, target, -100, True, n)
+    peak = _allocated_peak(lambda: loss.backward())
+    assert (peak - 4 * V * h - 4 * s * h) / ((s // n) * V) == pytest.approx(4 + 12, abs=0.02)
+
+
 # --- pattern matching on traced graphs ----------------------------------------------------------------------
 from autosp.compiler.testing import capture_graph as capture  # noqa: E402
 

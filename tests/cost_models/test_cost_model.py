@@ -180,6 +180,18 @@ def test_mlp_tiling_lowers_memory_and_costs_time(policy):
     assert prev.memory.activations < untiled.memory.activations and prev.memory.total < untiled.memory.total
 
 
+def test_a_tiled_mlp_backward_holds_the_weight_gradients_its_chunks_add_into():
+    """Tiled, the MLP phase is one chunk's working set plus e bytes per MLP parameter (the gradients the tiled op
+    accumulates in place through its whole backward); untiled, only the working set."""
+    sh = Shapes(LLAMA, W64K, replace(BASE, mlp_chunks=4))
+    for chunks in (2, 4, 8):
+        phase, fixed = memory.layer_mlp_phase(sh, "selective", chunks)
+        working = sh.s * sh.e * phase + sh.s * fixed
+        assert memory.mlp_phase_bytes(sh, "selective", chunks) == working + 2 * 3 * LLAMA.hidden * LLAMA.ffn_hidden
+    phase, fixed = memory.layer_mlp_phase(sh, "selective", 1)
+    assert memory.mlp_phase_bytes(sh, "selective", 1) == sh.s * sh.e * phase + sh.s * fixed
+
+
 def test_peak_is_the_larger_of_loss_and_layer_phases():
     """Untiled logits set the peak: shrinking the layer working set then leaves the total unchanged;
     tiling the loss moves the peak into the layers' backward, where the working set counts."""

@@ -37,6 +37,16 @@ def test_each_system_is_priced_with_its_attention_kernel_and_one_set_of_constant
     assert study.price(trl, kernel="flash2")[1].time.step / trl.published_s > 1.4
 
 
+def test_trl_is_priced_with_its_own_loss_tiles_whose_peak_is_the_layers_backward():
+    """TRL's chunked_nll tiles its loss at 256 tokens (priced as the planner's smallest tile): the loss phase is then
+    small and the layers' backward is the peak, as in TRL's run. Left to the search, the fastest tiling (few large
+    tiles) priced a loss phase TRL never had."""
+    for run in (r for r in study.RUNS if r.system == "TRL"):
+        cand, est = study.price(run)
+        assert cand.loss_chunks == run.seq_len // run.sp // study.MIN_TILE_TOKENS
+        assert est.memory.logits_loss == 0.0 and est.memory.gradients > 0  # the backward phase is the peak
+
+
 def test_results_file_keeps_one_section_per_label(tmp_path):
     path = tmp_path / "published.txt"
     study.write_section("a", "## a\n\nfirst\n", path)
