@@ -29,8 +29,8 @@ from autosp.cost_models import chunks, comm, flops, memory, moe, param_offload, 
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.knobs import BY_NAME, KNOBS
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
-from autosp.cost_models.step_time import (HOST_ADAM_BANDWIDTH_PER_NODE, HOST_DRAM_BANDWIDTH_PER_NODE, TILE_OVERHEAD_S,
-                                          ZERO_OVERLAP_FRACTION, _exposed_attention_comm, _head_chunks, _zero_times)
+from autosp.cost_models.step_time import (TILE_OVERHEAD_S, ZERO_OVERLAP_FRACTION, _exposed_attention_comm,
+                                          _head_chunks, _zero_times, host_memory_bandwidth)
 
 FULL = CHECKPOINTING_POLICIES.index("full")
 NONE = CHECKPOINTING_POLICIES.index("none")
@@ -419,7 +419,7 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c
     opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
     link = hw.host_bandwidth * hw.comm_efficiency
     shard_copy = comm._xfer(psi / nd * sh.e, link)
-    t_optimizer = np.where(r.opt, opt_bytes / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node),
+    t_optimizer = np.where(r.opt, opt_bytes / (host_memory_bandwidth(hw) / hw.devices_per_node),
                            opt_bytes / hw.accelerator.memory_bandwidth)
     optimizer_offload = np.where(r.opt, np.where(r.param, 0.0, shard_copy)
                                  + max(0.0, shard_copy - ZERO_OVERLAP_FRACTION * c.t_bwd), 0.0)
@@ -479,7 +479,7 @@ def _activation_offload_exposed(hw: HardwareSpec, sh: Shapes, r: RowSet, c: _Com
     t_bwd_layer = (c.t_bwd + c.t_recompute) / L
     offload_micro = np.zeros(n)
     if chunked:
-        dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
+        dram = host_memory_bandwidth(hw) / hw.devices_per_node
         layer_set_off = np.where(recomputed, saved_chunk, per_layer)
         fwd_h2d, _, bwd_h2d_fixed, bwd_d2h = chunks.offload_pass_bytes(sh, 0.0)
         kv_e = sh.s * chunks.kv_elems(sh) * e

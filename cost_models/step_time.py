@@ -22,14 +22,19 @@ TILE_OVERHEAD_S = 20e-6
 GEMMs, the tiling loop and its bookkeeping. Makes more chunks cost a little more, as measured."""
 
 HOST_ADAM_BANDWIDTH_PER_NODE = 0.6 * 2 * 307.2e9
-"""DRAM bandwidth CPU Adam streams through on one node: two sockets of 8 DDR5-4800 channels
-(307.2 GB/s each; Intel ARK, Xeon Platinum 8480+, the CPU of DGX H100 per its user guide) at the 60%
-a STREAM-like kernel sustains. ZeRO-Offload's CPU Adam is bandwidth-bound (arXiv 2101.06840, sec. 5.1).
-An assumption until calibration measures it; shared by the node's GPUs."""
+"""The host DRAM bandwidth of a node whose profile does not give one (``HardwareSpec.host_memory_bandwidth`` 0):
+a DGX H100 node's, two sockets of 8 DDR5-4800 channels (307.2 GB/s each; Intel ARK, Xeon Platinum 8480+, the CPU
+of DGX H100 per its user guide) at the 60% a STREAM-like kernel sustains."""
 
-HOST_DRAM_BANDWIDTH_PER_NODE = HOST_ADAM_BANDWIDTH_PER_NODE
-"""The host DRAM bandwidth a node's host<->device copies share (the same sustained STREAM-like figure CPU Adam
-streams through): sequence-chunk offload moves each byte through DRAM once, whichever direction."""
+
+def host_memory_bandwidth(hw: HardwareSpec) -> float:
+    """The sustained host DRAM bandwidth of one of ``hw``'s nodes (B/s), shared by the node's GPUs: CPU Adam streams
+    the optimizer states through it under optimizer offload (ZeRO-Offload's CPU Adam is bandwidth-bound, arXiv
+    2101.06840 sec. 5.1), and offloaded chunks' host<->device copies move each byte through it once. The profile's
+    figure (the catalog's, from the node's CPUs, or ``autosp-calibrate``'s measurement), else
+    HOST_ADAM_BANDWIDTH_PER_NODE."""
+    return hw.host_memory_bandwidth or HOST_ADAM_BANDWIDTH_PER_NODE
+
 
 HEAD_PIPELINE_CHUNKS = 4
 """``head_pipeline`` splits each layer's attention into this many head groups (fewer if a rank has
@@ -201,7 +206,7 @@ def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: fl
         # the step runs on the host's share of DRAM bandwidth; the updated bf16 weights go back over the
         # host link before the next forward (exposed), the gradients come down during the backward (hidden
         # up to the overlap fraction, like ZeRO's own reduce-scatter)
-        t_optimizer = flops.optimizer_bytes(n_params, cand) / (HOST_ADAM_BANDWIDTH_PER_NODE / hw.devices_per_node)
+        t_optimizer = flops.optimizer_bytes(n_params, cand) / (host_memory_bandwidth(hw) / hw.devices_per_node)
         shard_bytes = n_params / (cand.sp * cand.dp) * sh.e
         link = hw.host_bandwidth * hw.comm_efficiency
         # (with parameter offload the step writes the weights into their host partition: nothing goes back)
@@ -252,7 +257,7 @@ def _activation_offload(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro
     recomputed = sh.N > 1 and cand.checkpointing == "full"
     if cand.offload_chunks:
         link = hw.host_bandwidth * hw.comm_efficiency
-        dram = HOST_DRAM_BANDWIDTH_PER_NODE / hw.devices_per_node
+        dram = host_memory_bandwidth(hw) / hw.devices_per_node
         layer_set = sh.s * seq_chunks.saved_bytes_per_token(sh) if recomputed else offload_layer_bytes
         _copies, exposed_layer = seq_chunks.offload_exposed(sh, layer_set, c.fwd / L, (c.bwd + c.recompute) / L,
                                                             link, dram, recomputed=recomputed)
@@ -279,6 +284,6 @@ def _zero(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Mi
     return zero_total, zero_exposed
 
 
-__all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "HOST_DRAM_BANDWIDTH_PER_NODE",
+__all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "host_memory_bandwidth",
            "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "share_stage_free_terms", "step_seconds_over_zero_stages",
            "step_time", "step_time_parts"]

@@ -242,6 +242,9 @@ class HardwareSpec:
     inter_node_latency: float = 0.0
     host_bandwidth: float = 0.0
     host_memory_bytes: float = 0.0
+    host_memory_bandwidth: float = 0.0
+    """Sustained host DRAM bandwidth of one node (B/s): what CPU Adam streams through under optimizer offload and
+    what offloaded chunks' copies share. 0: not known (the cost model then assumes a DGX H100 node's)."""
     matmul_efficiency: float = 0.6
     attention_efficiency: float = 0.5
     comm_efficiency: float = 0.8

@@ -24,7 +24,8 @@ Measure the machine this runs on and write a hardware file (a HardwareSpec JSON)
   collectives  all-to-all, all-reduce, all-gather and reduce-scatter over a sweep of message sizes for each
                group size (2, 4, ... up to --ranks), fitted as t = alpha + f(P) * bytes / beta;
   memory       usable memory per rank (GPU: an allocation probe; CPU: available RAM / ranks) and, on GPU,
-               pinned host<->device copy bandwidth.
+               pinned host<->device copy bandwidth; and each node's host DRAM bandwidth (a multi-threaded
+               triad: what CPU Adam streams through under optimizer offload).
 
 All ranks measure at the same time, as training ranks share the machine; every figure is the slowest
 rank's. The profile's peak_flops is the best matmul rate measured, and its efficiency factors are measured

@@ -24,7 +24,7 @@ Custom cluster file (``.toml``)::
     # memory_bandwidth (B/s)
     # links (per GPU, one direction; seconds): intra_node_bandwidth, intra_node_latency,
     #   inter_node_bandwidth, inter_node_latency, host_bandwidth (B/s), host_memory_gib or
-    #   host_memory_bytes (per node)
+    #   host_memory_bytes (per node), host_memory_bandwidth (B/s sustained, per node)
     # efficiency factors: matmul_efficiency, attention_efficiency, comm_efficiency,
     #   usable_memory_fraction
     # free text: description, source
@@ -54,7 +54,7 @@ from autosp.files import read_json, read_text
 GIB = 1024 ** 3
 
 _LINK_KEYS = ("intra_node_bandwidth", "intra_node_latency", "inter_node_bandwidth", "inter_node_latency",
-              "host_bandwidth", "matmul_efficiency", "attention_efficiency", "comm_efficiency",
+              "host_bandwidth", "host_memory_bandwidth", "matmul_efficiency", "attention_efficiency", "comm_efficiency",
               "usable_memory_fraction")
 _ACCEL_KEYS = ("peak_flops", "memory_bandwidth")
 _KNOWN_FILE_KEYS = frozenset(

@@ -43,6 +43,7 @@ LIMITS = {  # field: (least, most, unit, what a unit mistake looks like) -- outs
     "intra_node_latency": (1e-8, 1e-2, "s", "seconds, not microseconds"),
     "inter_node_latency": (1e-8, 1e-2, "s", "seconds, not microseconds"),
     "host_memory_bytes": (GIB / 4, 256 * TIB, "bytes", "host_memory_gib is GiB per node, not MiB or bytes"),
+    "host_memory_bandwidth": (1e8, 1e13, "bytes/s", "bytes/s per node, not GB/s"),
 }
 """Plausible ranges, wide enough for a laptop CPU profile and the largest accelerators and nodes announced
 (a 288 GB HBM device, 8 TB/s HBM, 1.8 TB/s NVLink, 2.5 PFLOP/s dense bf16; the catalog's sources), yet narrow
@@ -50,7 +51,7 @@ enough that a figure in the wrong unit falls out: an 80 GB memory typed in MiB (
 GB/s (450 -> 450 B/s), a latency in microseconds (5 -> 5 s), peak TFLOP/s (989). A link or host figure may be
 0 (none: one device per node, one node, no host offload); the rules below say when it is needed."""
 _OPTIONAL = ("intra_node_bandwidth", "inter_node_bandwidth", "host_bandwidth", "intra_node_latency",
-             "inter_node_latency", "host_memory_bytes")
+             "inter_node_latency", "host_memory_bytes", "host_memory_bandwidth")
 
 
 def _shown(value: float, unit: str) -> str:

@@ -250,7 +250,7 @@ def _assert_loadable_profile(path):
     assert non_finite_fields(spec) == []
     acc = spec.accelerator
     for value in (acc.peak_flops, acc.memory_bytes, acc.memory_bandwidth, spec.host_bandwidth,
-                  spec.host_memory_bytes, spec.matmul_efficiency, spec.attention_efficiency,
+                  spec.host_memory_bytes, spec.host_memory_bandwidth, spec.matmul_efficiency, spec.attention_efficiency,
                   spec.usable_memory_fraction, spec.comm_efficiency):
         assert math.isfinite(value) and value > 0
     assert 0 < spec.usable_memory_fraction <= 1
@@ -293,3 +293,4 @@ def test_quick_single_rank_in_process(tmp_path, capsys):
     spec = _assert_loadable_profile(out)
     assert spec.name == "solo" and spec.devices_per_node == 1
     assert spec.intra_node_bandwidth == 0.0  # nothing to measure with one rank
+    assert "host triad" in table and "host_memory_bandwidth" in table

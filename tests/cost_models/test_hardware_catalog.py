@@ -13,7 +13,7 @@ from autosp.cost_models.catalog.hardware import (GIB, catalog_entry, catalog_nam
 REQUIRED = ["a100-40g", "a100-80g", "h100", "h200", "b200", "mi300x", "gh200"]
 FIGURES = ["peak_flops", "memory_gib", "memory_bandwidth", "devices_per_node", "intra_node_bandwidth",
            "intra_node_latency", "inter_node_bandwidth", "inter_node_latency", "host_bandwidth", "host_memory_gib",
-           "matmul_efficiency", "attention_efficiency", "comm_efficiency", "usable_memory_fraction"]
+           "host_memory_bandwidth", "matmul_efficiency", "attention_efficiency", "comm_efficiency", "usable_memory_fraction"]
 
 
 def test_required_accelerators_present():

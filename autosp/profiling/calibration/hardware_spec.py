@@ -203,6 +203,7 @@ def build_hardware_spec(raw, *, name: str | None = None, measurements_file: str 
         inter_node_latency=inter[1] if inter else 0.0,
         host_bandwidth=host_bw,
         host_memory_bytes=host_memory,
+        host_memory_bandwidth=_host_memory_bandwidth(raw),
         matmul_efficiency=linear["flops"] / peak,
         attention_efficiency=attn["flops"] / peak,
         comm_efficiency=1.0,
@@ -214,6 +215,13 @@ def build_hardware_spec(raw, *, name: str | None = None, measurements_file: str 
     sidecar = _sidecar(raw, spec, now=now, command=command, contention=contention, derivation=derivation,
                        comp=comp, mems=mems, entries=entries)
     return spec, sidecar
+
+
+def _host_memory_bandwidth(raw) -> float:
+    """The slowest node's host triad bandwidth (one measuring rank per node), 0 when none measured it (a
+    measurements file from before the host triad)."""
+    rates = [r["host_stream"]["bandwidth"] for r in raw["ranks"] if r.get("host_stream")]
+    return min(rates) if rates else 0.0
 
 
 def _memory_figures(raw, comp: dict):
@@ -262,6 +270,8 @@ def _derivation(raw, dtype: str, linear: dict, attn: dict, intra, inter, host_no
         "usable_memory_fraction": memory_note,
         "host_bandwidth": host_note,
         "host_memory_bytes": "node MemTotal (whole node, not per rank)",
+        "host_memory_bandwidth": ("host triad a = b + 0.5 c over three fp32 arrays, 3 x bytes / s, on every CPU of "
+                                  "one rank per node while the others wait; slowest node"),
         "intra_node_bandwidth": link("beta (bus bandwidth, bytes/s)", intra, "intra"),
         "intra_node_latency": link("alpha (seconds per call)", intra, "intra"),
         "inter_node_bandwidth": link("beta (bus bandwidth, bytes/s)", inter, "inter"),
@@ -295,6 +305,7 @@ def _sidecar(raw, spec: HardwareSpec, *, now: str, command, contention, derivati
         "compute": comp,
         "memory": mems,
         "host_bandwidth": [r["host_bandwidth"] for r in raw["ranks"]],
+        "host_stream": [r.get("host_stream") for r in raw["ranks"]],
         "collectives": entries,
         "raw_per_rank": [{"rank": r["rank"], "host": r["host"], "compute": r["compute"]} for r in raw["ranks"]],
     }
@@ -367,6 +378,9 @@ def format_summary(spec: HardwareSpec, sidecar: dict, compare: HardwareSpec | No
         lines.append(f"  {what:<25} {row['dtype']:<5} {shape:<18} {_si(row['flops'], 'FLOP/s'):>14}{spread}")
     lines.append(f"  {'memory copy':<25} {'':<5} {_bytes(sidecar['compute']['copy_bytes']):<18} "
                  f"{_si(sidecar['compute']['copy_bandwidth'], 'B/s'):>14}")
+    for stream in (s for s in sidecar.get("host_stream") or () if s):
+        lines.append(f"  {'host triad (' + str(stream['threads']) + ' threads)':<25} {'':<5} "
+                     f"{_bytes(stream['bytes']) + ' x 3':<18} {_si(stream['bandwidth'], 'B/s'):>14}")
     entries = sidecar["collectives"]
     if entries:
         lines.append("")
@@ -421,6 +435,7 @@ def _profile_rows(spec: HardwareSpec):
         ("inter_node_latency", _us(spec.inter_node_latency)),
         ("host_bandwidth", _si(spec.host_bandwidth, "B/s")),
         ("host_memory_bytes", _gib(spec.host_memory_bytes)),
+        ("host_memory_bandwidth", _si(spec.host_memory_bandwidth, "B/s")),
     ]
 
 

@@ -108,7 +108,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int, cfg: Laun
     try:
         groups = group_sizes(local_world, world) if distributed else []
         handles = [(g, scope, None if g == world else dist.new_group(list(range(g)))) for g, scope in groups]
-        total = compute.count_compute_items(settings) + 1 + (settings.device == "cuda")
+        total = compute.count_compute_items(settings) + 2 + (settings.device == "cuda")
         total += collectives.count_collective_items(groups, settings)
         progress = Progress(total, enabled=cfg.progress and rank == 0)
         mine = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(),
@@ -133,6 +133,11 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int, cfg: Laun
             else:
                 for _ in range(collectives.count_collective_items([(g, scope)], settings)):
                     progress.tick("waiting")
+        if distributed:
+            dist.barrier(group=ctrl)
+        progress.tick("host memory bandwidth")  # one rank per node, the others wait: the node's DRAM to itself
+        mine["host_stream"] = (memory.host_stream_bandwidth(settings.host_stream_bytes, memory.node_cpus(), settings)
+                               if local_rank == 0 else None)
         if distributed:
             dist.barrier(group=ctrl)
         progress.tick("usable memory")

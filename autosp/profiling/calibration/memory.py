@@ -1,4 +1,4 @@
-"""Usable memory per rank and host<->device bandwidth.
+"""Usable memory per rank, host<->device bandwidth and the host's own DRAM bandwidth.
 
 The cost model (cost_models/memory.py) budgets the runtime's own footprint (CUDA context, NCCL buffers,
 fragmentation) as a separate *reserve*; ``usable_memory_fraction`` is the share of ``memory_bytes`` the
@@ -94,4 +94,32 @@ def host_device_bandwidth(nbytes: int, device, sync, settings) -> dict:
             "h2d_samples": h2d["samples"], "d2h_samples": d2h["samples"]}
 
 
-__all__ = ["gpu_memory", "host_device_bandwidth", "host_memory", "rss_bytes"]
+def node_cpus() -> int:
+    """The CPUs this process may run on (its affinity; all of the node's where that is not known)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def host_stream_bandwidth(nbytes: int, threads: int, settings) -> dict:
+    """This node's sustained DRAM bandwidth, the figure CPU Adam streams through under optimizer offload: a triad
+    ``a = b + 0.5 c`` over three fp32 host arrays of ``nbytes`` each on ``threads`` threads (2 reads and a write,
+    3 x nbytes moved per pass; STREAM's triad). One rank per node runs it while the others wait, with every CPU
+    the rank may use: the optimizer step has the node's cores to itself as well."""
+    n = max(1, nbytes // 4)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        b = torch.ones(n, dtype=torch.float32)
+        c = torch.ones(n, dtype=torch.float32)
+        a = torch.empty_like(b)
+        timing = measure(lambda: torch.add(b, c, alpha=0.5, out=a), lambda: None, settings)
+    finally:
+        torch.set_num_threads(before)
+    moved = 3.0 * n * 4
+    return {"bytes": n * 4.0, "threads": threads, "bytes_moved": moved, "seconds": timing["seconds"],
+            "bandwidth": moved / timing["seconds"], "samples": timing["samples"]}
+
+
+__all__ = ["gpu_memory", "host_device_bandwidth", "host_memory", "host_stream_bandwidth", "node_cpus", "rss_bytes"]

@@ -29,6 +29,7 @@ class Settings:
     attention_seq_lens: dict = field(default_factory=dict)  # dtype -> [S, ...]
     copy_bytes: int = 1 << 26  # device memory copy, per rank
     host_copy_bytes: int = 1 << 27  # pinned host <-> device, per rank (GPU only)
+    host_stream_bytes: int = 1 << 27  # each of the host triad's three arrays, one rank per node (far beyond caches)
     message_sizes: tuple = ()  # bytes, per collective call (see fit.py for the convention)
     warmup: int = 1
     reps: int = 3
@@ -73,6 +74,7 @@ def make_settings(device: str, quick: bool, profile_dtype: str | None = None) ->
             device="cpu", quick=quick, profile_dtype=dtype, matmul_shapes=shapes, linear_shape=linear,
             attention_heads=4, attention_head_dim=64, attention_seq_lens=seqs,
             copy_bytes=(1 << 25) if quick else (1 << 27), host_copy_bytes=0,
+            host_stream_bytes=(1 << 26) if quick else (1 << 27),
             message_sizes=_sizes(12, 22, 1) if quick else _sizes(10, 26, 1),
             warmup=1, reps=3 if quick else 7, comm_reps=7 if quick else 11,
             target_seconds=0.01 if quick else 0.05)
@@ -93,6 +95,7 @@ def make_settings(device: str, quick: bool, profile_dtype: str | None = None) ->
         device="cuda", quick=quick, profile_dtype=dtype, matmul_shapes=shapes, linear_shape=linear,
         attention_heads=16 if quick else 32, attention_head_dim=128, attention_seq_lens=seqs,
         copy_bytes=(1 << 29) if quick else (1 << 30), host_copy_bytes=(1 << 27) if quick else (1 << 28),
+        host_stream_bytes=(1 << 27) if quick else (1 << 28),
         message_sizes=_sizes(12, 28, 2) if quick else _sizes(10, 30, 1),
         warmup=2 if quick else 3, reps=5 if quick else 10, comm_reps=5 if quick else 10,
         target_seconds=0.01 if quick else 0.05)
