@@ -260,6 +260,8 @@ for _name, _what, _body in [
     ("tflops.toml", "base h100, peak_flops = 989 (TFLOP/s by mistake)", 'base = "h100"\npeak_flops = 989\n'),
     ("host-mib.toml", "base h100, host_memory_gib = 2097152 (MiB by mistake)",
      'base = "h100"\nhost_memory_gib = 2097152\n'),
+    ("host-dram-gbps.toml", "base h100, host_memory_bandwidth = 369 (GB/s by mistake)",
+     'base = "h100"\nhost_memory_bandwidth = 369\n'),
 ]:
     fixture(_name, _what)(_toml(_body))
 
