@@ -34,6 +34,10 @@ train --plan .gpu_run/plan_flash3.json --layers 2 --steps 3 | tee -a "$LOG"
 echo "== autosp-calibrate ($(left) s left)" | tee -a "$LOG"
 timeout 150 python3 studies/gpu_session/bare_cli.py calibrate_main --compare h200 --out "${OUT:-.}/calibrated-h200.json" \
   --no-progress 2>&1 | grep -v "^\[20" | tee -a "$LOG"
+# the committed H200 check priced again with this machine's measured profile (its host DRAM bandwidth sets the
+# optimizer-offload rows): no device work
+python3 -m studies.gpu_check --reprice studies/results/gpu_check_h200.json --hw "${OUT:-.}/calibrated-h200.json" \
+  2>&1 | tee -a "$LOG" || true
 B=$(( $(left) - 25 ))
 echo "== gpu_check, budget $B s" | tee -a "$LOG"
 timeout $((B + 20)) python3 -m studies.gpu_check --out "${OUT:-.}/gc" --time-budget $B 2>&1 | grep -v "^\[20" | tee -a "$LOG"
