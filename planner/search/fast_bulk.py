@@ -202,6 +202,15 @@ class Cells:
         return None
 
     def cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
+        return self._caps(sp, ring, ep, micro, seq, overlap)[0]
+
+    def ceiling_cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
+        """The part of :meth:`cap` that holds at every larger micro-batch as well: the compute ceiling of the points
+        that fit at a smaller one (-inf when nothing fits there). The micro / m scaling bound grows with the
+        micro-batch, so it prunes this micro-batch only."""
+        return self._caps(sp, ring, ep, micro, seq, overlap)[1]
+
+    def _caps(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> tuple[float, float]:
         """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
         that fits at ``micro`` fits at the smaller one m too (memory grows with the micro-batch) and trains at most
         micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows), and no more
@@ -209,8 +218,9 @@ class Cells:
         schedule too, which changes neither compute nor memory, and at this micro-batch: it halves the cells the
         layouts' micro-batch climb prices, the 1,000-request sweep's plans unchanged); -inf when nothing fits
         there, so the cell is skipped even before any point fits (an infeasible request would otherwise price
-        every micro-batch of every layout). Infinite when no such cell is priced."""
-        cap = np.inf
+        every micro-batch of every layout). Infinite when no such cell is priced. Returns (this bound, its ceiling
+        part: :meth:`ceiling_cap`)."""
+        cap = ceiling = np.inf
         per = self.per(sp, ring)
         for m in per["micro_batch"]:
             if m > micro:
@@ -222,11 +232,11 @@ class Cells:
                 if cell is None:
                     continue
                 if cell.best_fitting is None:
-                    return -np.inf
-                cap = min(cap, cell.ceiling_of_fitting)
+                    return -np.inf, -np.inf
+                ceiling = min(ceiling, cell.ceiling_of_fitting)
                 if o == overlap:
                     cap = min(cap, micro / m * float(cell.tps[cell.best_fitting]))
-        return cap
+        return min(cap, ceiling), ceiling
 
     def cells(self) -> list[Cell]:
         return [c for c in self.priced.values() if c is not None]
@@ -348,9 +358,12 @@ class _Search:
             seq = per["sequence_chunks"][0]
             top, misses = self.layout_best(sp, ring), 0
             for micro in per["micro_batch"][1:]:
-                caps = [self.cells.cap(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)) for ep in per["ep"]]
-                if max(caps) <= self.best[0]:
-                    break
+                keys = [(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)) for ep in per["ep"]]
+                if max(self.cells.ceiling_cap(*k) for k in keys) <= self.best[0]:
+                    break  # no larger micro-batch of this layout can win either
+                if max(self.cells.cap(*k) for k in keys) <= self.best[0]:
+                    continue  # this one cannot (micro / m times a smaller one's best); a larger one still may
+
                 structure = (sp, ring, micro, overlap)
                 self.deferred[structure] = []
                 self.offer(*structure)
