@@ -21,8 +21,8 @@ Inductor): the forward computes, for each of N chunks of the flattened tokens, t
 autograd formula saves only ``hidden``, ``W``, ``b`` and the targets, and
 ``autosp_ops::tiled_linear_cross_entropy_backward`` recomputes each chunk's logits with autograd
 enabled and back-propagates the chunk's loss into d(hidden) (written chunk by chunk) and d(W), d(b)
-(accumulated in the weight dtype, each chunk's GEMM adding into them). Per token the arithmetic is the untiled one. This is ALST's
-TiledFusedLogitsLoss, with the recompute inside the op.
+(accumulated in the weight dtype, each chunk's GEMM adding into them). Per token the arithmetic is the
+untiled one. This is ALST's TiledFusedLogitsLoss, with the recompute inside the op.
 
 **The logits are not available when tiled.** The model's output still has its ``logits`` field (the
 graph's output structure is Dynamo's), but it holds an empty tensor: keeping the s x vocab logits

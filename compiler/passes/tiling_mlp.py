@@ -21,7 +21,8 @@ chunks cannot be fused back into one s x ffn tensor:
   autograd enabled, back-propagates that chunk's output gradient, writes the chunk's input gradient
   and accumulates the weight gradients (in the weight dtype: see ``tiled_mlp_backward``). Per-token
   arithmetic is the same as untiled; weight gradients are sums over chunks instead of one matmul over all
-  tokens (one rounding per chunk). This is ALST's TiledMLP, with the recompute inside the op instead of a checkpoint.
+  tokens (one rounding per chunk). This is ALST's TiledMLP, with the recompute inside the op instead of a
+  checkpoint.
 
 Memory (what docs/cost_model.md assumes): saved for backward drops from the MLP intermediates to the
 MLP input; the live intermediates and their gradients in forward and backward drop to one chunk's
@@ -120,7 +121,7 @@ def _accumulate_weight_grad(grad2d, x2d, acc_w, acc_b):
 
 
 def _linear_backward(grad2d, x2d, w, acc_w, acc_b):
-    """Accumulate d W (and d b) of y = x W^T + b; return d x."""
+    """:func:`_accumulate_weight_grad`, then return d x."""
     _accumulate_weight_grad(grad2d, x2d, acc_w, acc_b)
     return grad2d.mm(w)
 

@@ -21,9 +21,9 @@ call prices a cell (one vectorised call, whatever its number of rows), so the se
   does any beat the compute ceiling (bulk.Bulk.ceiling) of the points that fit there, at any overlap schedule: a
   larger micro-batch can at most hide the step's fixed costs, never shrink its compute per token;
 - every layout's micro-batch then climbs one step at a time while that helps the layout, past MICRO_PATIENCE steps
-  that do not (a layout that loses at the
-  first micro-batch may win at a larger one), and the winner's micro-batch and overlap schedule move as in the
-  scalar search's light climb (ZeRO stage, checkpointing and the dials are already exact within a cell).
+  that do not (a layout that loses at the first micro-batch may win at a larger one), and the winner's micro-batch
+  and overlap schedule move as in the scalar search's light climb (ZeRO stage, checkpointing and the dials are
+  already exact within a cell).
 
 Within the cells it prices, the search is exact: every family's best fitting point, where the scalar search's walk
 (:func:`autosp.planner.search.moves.complete`) finds one greedily. The candidates a plan shows (the winner and its
@@ -202,24 +202,20 @@ class Cells:
         return None
 
     def cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
-        return self._caps(sp, ring, ep, micro, seq, overlap)[0]
+        """:meth:`bounds`' bound on this cell."""
+        return self.bounds(sp, ring, ep, micro, seq, overlap)[0]
 
-    def ceiling_cap(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> float:
-        """The part of :meth:`cap` that holds at every larger micro-batch as well: the compute ceiling of the points
-        that fit at a smaller one (-inf when nothing fits there). The micro / m scaling bound grows with the
-        micro-batch, so it prunes this micro-batch only."""
-        return self._caps(sp, ring, ep, micro, seq, overlap)[1]
-
-    def _caps(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> tuple[float, float]:
-        """A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
+    def bounds(self, sp: int, ring: int, ep: int, micro: int, seq: int, overlap: str) -> tuple[float, float]:
+        """(A bound on this cell's fitting points from the same cell at a smaller micro-batch, where priced: a point
         that fits at ``micro`` fits at the smaller one m too (memory grows with the micro-batch) and trains at most
         micro / m times its tokens/s there (the step time does not shrink as the micro-batch grows), and no more
         than the compute ceiling of the points that fit there (:attr:`Cell.ceiling_of_fitting`; at another overlap
         schedule too, which changes neither compute nor memory, and at this micro-batch: it halves the cells the
         layouts' micro-batch climb prices, the 1,000-request sweep's plans unchanged); -inf when nothing fits
         there, so the cell is skipped even before any point fits (an infeasible request would otherwise price
-        every micro-batch of every layout). Infinite when no such cell is priced. Returns (this bound, its ceiling
-        part: :meth:`ceiling_cap`)."""
+        every micro-batch of every layout). Infinite when no such cell is priced. And its ceiling part, which holds
+        at every larger micro-batch as well: the micro / m scaling bound grows with the micro-batch, so it prunes
+        this micro-batch only.)"""
         cap = ceiling = np.inf
         per = self.per(sp, ring)
         for m in per["micro_batch"]:
@@ -349,19 +345,21 @@ class _Search:
 
     def layouts_climb(self) -> None:
         """Every layout's micro-batch at its first overlap schedule, one step up at a time while that improves the
-        layout's best (or has failed to for at most MICRO_PATIENCE steps) and its first cell can still win (:meth:`Cells.cap`): a layout that loses at the first
-        micro-batch may win at a larger one (the light climb moves the winner's only). A step's sequence-chunked
-        cells are priced only once its first cell has improved the layout (a larger micro-batch needs more memory:
-        where the smaller one needed chunks to fit, the step rarely helps)."""
+        layout's best (or has failed to for at most MICRO_PATIENCE steps) and its first cell can still win
+        (:meth:`Cells.bounds`): a layout that loses at the first micro-batch may win at a larger one (the light climb
+        moves the winner's only). A step's sequence-chunked cells are priced only once its first cell has improved
+        the layout (a larger micro-batch needs more memory: where the smaller one needed chunks to fit, the step
+        rarely helps)."""
         for sp, ring, overlap in self.first_structures:
             per = self.cells.per(sp, ring)
             seq = per["sequence_chunks"][0]
             top, misses = self.layout_best(sp, ring), 0
             for micro in per["micro_batch"][1:]:
-                keys = [(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq)) for ep in per["ep"]]
-                if max(self.cells.ceiling_cap(*k) for k in keys) <= self.best[0]:
+                caps, ceilings = zip(*(self.cells.bounds(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq))
+                                       for ep in per["ep"]))
+                if max(ceilings) <= self.best[0]:
                     break  # no larger micro-batch of this layout can win either
-                if max(self.cells.cap(*k) for k in keys) <= self.best[0]:
+                if max(caps) <= self.best[0]:
                     continue  # this one cannot (micro / m times a smaller one's best); a larger one still may
 
                 structure = (sp, ring, micro, overlap)

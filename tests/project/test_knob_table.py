@@ -34,7 +34,7 @@ ALLOWED = {
     ("planner/search/space.py", "build_space"): "the space's choices, each knob's computed by its own rule",
     **{("planner/search/fast_bulk.py", scope): "a cell of the bulk quick search: one shape group of the bulk cost "
                                                "model (its knobs that are not ROW_KNOBS) at one overlap schedule"
-       for scope in ("get", "cap", "ceiling_cap", "_caps", "_bound")},
+       for scope in ("get", "cap", "bounds", "_bound")},
     ("planner/diagnose.py", "_lean_corner"): "the diagnosis's variations (checkpointing, the offloads that share host "
                                          "memory, ZeRO stage with loss tiling, ep) around the table's lean values",
     ("compiler/api.py", "resolve_candidate"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
