@@ -1,0 +1,147 @@
+"""Where an offloaded optimizer step's time goes on one host: CPU Adam against the host's triad, and the copies.
+
+ZeRO-Offload runs the optimizer on the host with DeepSpeed's ``DeepSpeedCPUAdam`` over one flat fp32 partition
+(master weights, gradients, two moments), and moves the gradients down and the updated weights up over the
+host link. The cost model prices the step as ``OPTIMIZER_BYTES_PER_PARAM`` bytes per parameter streamed at the
+profile's ``host_memory_bandwidth`` (what ``autosp-calibrate`` measures as a STREAM triad), and the copies at
+``host_bandwidth``. This probe measures the three on the machine it runs on, side by side in one process:
+
+- the triad, with the same function and threads as ``autosp-calibrate``;
+- one ``DeepSpeedCPUAdam.step`` over N parameters (default Llama-3.2-1B's 1.24e9, the GPU check's model) laid
+  out as ZeRO-Offload lays them out (one flat fp32 tensor each), timed after a warm-up step, and the bandwidth
+  it achieves at the cost model's bytes per parameter; the ratio of that to the triad is the figure to check;
+- on CUDA, the copies ZeRO-Offload makes: bf16 device -> pinned host and back, and bf16 device -> fp32 host (the
+  gradient partition's dtype conversion, which stage 1-2 offload does with one ``copy_``).
+
+    python -m studies.host_offload_probe --out out/host_probe      # CUDA or CPU; CPU Adam JIT-builds on first use
+    python -m studies.host_offload_probe --params 2e8               # a smaller step (this CPU machine)
+
+It writes host_offload_probe.json and prints a table. Runs from a bare checkout (:mod:`studies.bootstrap`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from studies.bootstrap import ensure_autosp
+
+ensure_autosp()
+
+import torch  # noqa: E402
+
+from autosp.cost_models.flops import OPTIMIZER_BYTES_PER_PARAM  # noqa: E402
+from autosp.profiling.calibration.memory import host_stream_bandwidth, node_cpus  # noqa: E402
+from autosp.profiling.calibration.settings import make_settings  # noqa: E402
+
+LLAMA_32_1B_PARAMS = 1.236e9
+"""Llama-3.2-1B's parameter count with its tied head (``autosp-plan --model llama-3.2-1b`` prints 1.24B)."""
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def cpu_adam_step(n: int, repeats: int) -> dict:
+    """One DeepSpeedCPUAdam step over one flat fp32 partition of ``n`` parameters (median of ``repeats`` after
+    a warm-up), with the JIT build's seconds."""
+    t0 = time.perf_counter()
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    param = torch.nn.Parameter(torch.full((n,), 0.01, dtype=torch.float32))
+    param.grad = torch.full((n,), 1e-3, dtype=torch.float32)
+    opt = DeepSpeedCPUAdam([param], lr=1e-4, weight_decay=0.01)
+    opt.step()  # builds the op if needed, creates the moments
+    setup = time.perf_counter() - t0
+    seconds = _median_seconds(opt.step, repeats)
+    moved = OPTIMIZER_BYTES_PER_PARAM * n
+    return {"params": n, "seconds": seconds, "setup_seconds": setup, "threads": torch.get_num_threads(),
+            "bytes_per_param_priced": OPTIMIZER_BYTES_PER_PARAM, "bandwidth_at_priced_bytes": moved / seconds}
+
+
+def _timed_rate(fn, nbytes: float, repeats: int, sync) -> float:
+    fn()
+    sync()
+
+    def timed():
+        fn()
+        sync()
+
+    return nbytes / _median_seconds(timed, repeats)
+
+
+def host_passes(n: int, repeats: int) -> dict:
+    """The host-side passes over the fp32 partition that ZeRO-Offload makes around CPU Adam (DeepSpeed 0.19.8,
+    ``runtime/zero/stage_1_and_2.py`` ``step``, ``stage3.py``): the fp32 -> bf16 cast of the updated weights
+    into the bit16 buffer, gradient clipping's in-place scale, and zeroing the gradient partition; in bytes of
+    DRAM traffic per second (6, 8 and 4 bytes per parameter)."""
+    fp32 = torch.full((n,), 0.01, dtype=torch.float32)
+    bf16 = torch.empty(n, dtype=torch.bfloat16)
+    none = lambda: None  # noqa: E731
+    return {"fp32_to_bf16_cast": _timed_rate(lambda: bf16.copy_(fp32), 6.0 * n, repeats, none),
+            "fp32_scale_in_place": _timed_rate(lambda: fp32.mul_(0.999), 8.0 * n, repeats, none),
+            "fp32_zero": _timed_rate(fp32.zero_, 4.0 * n, repeats, none)}
+
+
+def copies(n: int, repeats: int) -> dict:
+    """The host link's copies as ZeRO-Offload makes them, in bytes moved over the link per second: bf16 both ways
+    (pinned), the gradients cast to fp32 on the device and copied down (stage 1-2's fp32 partition), and two
+    cross-dtype ``copy_`` calls across devices (torch casts on the host side through a pageable buffer)."""
+    dev = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+    host16 = torch.empty(n, dtype=torch.bfloat16, pin_memory=True)
+    host32 = torch.empty(n, dtype=torch.float32, pin_memory=True)
+    sync = torch.cuda.synchronize
+    return {"d2h_bf16_pinned": _timed_rate(lambda: host16.copy_(dev), 2.0 * n, repeats, sync),
+            "h2d_bf16_pinned": _timed_rate(lambda: dev.copy_(host16), 2.0 * n, repeats, sync),
+            "d2h_float_on_device_then_fp32_pinned": _timed_rate(lambda: host32.copy_(dev.float()), 4.0 * n,
+                                                                repeats, sync),
+            "d2h_bf16_into_fp32_host_copy": _timed_rate(lambda: host32.copy_(dev), 2.0 * n, repeats, sync),
+            "h2d_fp32_host_into_bf16_copy": _timed_rate(lambda: dev.copy_(host32), 2.0 * n, repeats, sync)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=float, default=LLAMA_32_1B_PARAMS, help="parameters in the CPU Adam step")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement (median)")
+    ap.add_argument("--no-adam", action="store_true", help="skip the CPU Adam step (and its JIT build)")
+    ap.add_argument("--out", default="out/host_probe", help="folder for host_offload_probe.json")
+    args = ap.parse_args(argv)
+    result = {"cpus": node_cpus(), "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+    settings = make_settings("cpu", quick=False)
+    result["triad"] = host_stream_bandwidth(settings.host_stream_bytes, node_cpus(), settings)
+    n = int(args.params)
+    if not args.no_adam:
+        result["cpu_adam"] = cpu_adam_step(n, args.repeats)
+        result["adam_over_triad"] = result["cpu_adam"]["bandwidth_at_priced_bytes"] / result["triad"]["bandwidth"]
+    result["host_passes"] = host_passes(n, args.repeats)
+    if result["cuda"]:
+        result["copies"] = copies(n, args.repeats)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "host_offload_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+    triad = result["triad"]["bandwidth"]
+    print(f"host: {result['cpus']} CPUs, torch threads {result['torch_threads']}; {n / 1e9:.3f}B parameters")
+    print(f"{'triad':38s} {triad / 1e9:7.1f} GB/s  ({result['triad']['threads']} threads)")
+    if "cpu_adam" in result:
+        adam = result["cpu_adam"]
+        print(f"{'CPU Adam step':38s} {adam['bandwidth_at_priced_bytes'] / 1e9:7.1f} GB/s  = "
+              f"{result['adam_over_triad']:.2f} x triad at {adam['bytes_per_param_priced']:.0f} B/param "
+              f"({adam['seconds']:.3f} s; setup {adam['setup_seconds']:.0f} s)")
+    for name, bw in result["host_passes"].items():
+        print(f"{name:38s} {bw / 1e9:7.1f} GB/s  = {bw / triad:.2f} x triad")
+    for name, bw in result.get("copies", {}).items():
+        print(f"{name:38s} {bw / 1e9:7.1f} GB/s over the link")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
