@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from autosp.cost_models import chunks, comm, flops, memory, moe, param_offload, ring, softcap
+from autosp.cost_models import chunks, comm, flops, memory, moe, optimizer_offload, param_offload, ring, softcap
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.knobs import BY_NAME, KNOBS
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
@@ -417,13 +417,20 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c
     # without ZeRO a rank steps only its E / ep experts (moe.optimizer_params; the same count from stage 1 on)
     local_params = np.where((r.zero >= 1) | r.opt, psi / nd, moe.optimizer_params(sh.moe, psi, 0))
     opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
+    # an offloaded step (cost_models/optimizer_offload.py, as step_time._optimizer_times prices it): its terms
+    # read the ZeRO stage (3 or not) and parameter offload only
+    local, e, ga = psi / nd, sh.e, base.grad_accum
     link = hw.host_bandwidth * hw.comm_efficiency
-    shard_copy = comm._xfer(psi / nd * sh.e, link)
-    t_optimizer = np.where(r.opt, opt_bytes / (host_memory_bandwidth(hw) / hw.devices_per_node),
-                           opt_bytes / hw.accelerator.memory_bandwidth)
-    optimizer_offload = np.where(r.opt, np.where(r.param, 0.0, shard_copy)
-                                 + max(0.0, shard_copy - ZERO_OVERLAP_FRACTION * c.t_bwd), 0.0)
-    return t_optimizer, optimizer_offload
+    hidden = ZERO_OVERLAP_FRACTION * c.t_bwd
+    t_host = optimizer_offload.host_step_seconds(local, host_memory_bandwidth(hw) / hw.devices_per_node)
+    t_optimizer = np.where(r.opt, t_host, opt_bytes / hw.accelerator.memory_bandwidth)
+    stage3 = r.zero == 3
+    weights = np.where(r.param, 0.0, np.where(stage3, optimizer_offload.weight_copy_seconds(local, e, 3, False, link),
+                                              optimizer_offload.weight_copy_seconds(local, e, 2, False, link)))
+    grads = np.where(stage3, optimizer_offload.gradient_copies_exposed(local, e, 3, ga, link, hidden),
+                     optimizer_offload.gradient_copies_exposed(local, e, 2, ga, link, hidden))
+    optimizer_offload_seconds = np.where(r.opt, weights + grads, 0.0)
+    return t_optimizer, optimizer_offload_seconds
 
 
 def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray | None:
@@ -555,7 +562,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
     held, held_back = r.projection(STATE_KNOBS)
     states = _model_states(sh, workload, base, held).at(held_back)
     total = _memory_total(sh, base, r, states, act)
-    t_optimizer, optimizer_offload = (a[held_back] for a in _optimizer_times(hw, sh, base, held, c_free))
+    t_optimizer, optimizer_copies = (a[held_back] for a in _optimizer_times(hw, sh, base, held, c_free))
     ga = base.grad_accum
     compute = ga * (c.t_fwd + c.t_bwd + c.t_recompute) + t_optimizer
     experts = _expert_exposed(hw, sh, r, c)  # None, param_fetch None: nothing to add (x + 0.0 is x)
@@ -563,7 +570,7 @@ def estimate_group(model: ModelSpec, hw: HardwareSpec, workload: Workload, base:
         + _zero_exposed(hw, sh, base, r, c)
     param_fetch = _param_fetch_exposed(hw, sh, base, r, c)
     offload = ga * (activation_offload if param_fetch is None else activation_offload + param_fetch) \
-        + optimizer_offload
+        + optimizer_copies
     step = compute + exposed + offload
     tokens = workload.seq_len * base.micro_batch * base.grad_accum * base.dp
     ok = (step > 0) & np.isfinite(step)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from autosp.cost_models import chunks as seq_chunks, comm, flops, moe, param_offload, ring, softcap
+from autosp.cost_models import (chunks as seq_chunks, comm, flops, moe, optimizer_offload, param_offload, ring,
+                                softcap)
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -87,7 +88,7 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     breakdown's ``attention_comm`` (with the all-to-alls) and its exposed share part of ``exposed_comm``;
     the two extra numbers let the estimate explain it."""
     c = _micro_compute(hw, cand, sh)
-    t_optimizer, optimizer_offload = _optimizer_times(hw, cand, sh, n_params, c)
+    t_optimizer, optimizer_copies = _optimizer_times(hw, cand, sh, n_params, c)
     # parameter offload: each pass fetches the weights from the host, prefetched under its compute
     passes_compute = (c.fwd, c.recompute, c.bwd) if param_offload.passes(cand) == 3 else (c.fwd, c.bwd)
     _param_copy, param_exposed = param_offload.fetch_times(hw, cand, sh, passes_compute, ZERO_OVERLAP_FRACTION)
@@ -103,7 +104,7 @@ def step_time_parts(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: flo
     recompute = ga * c.recompute
     attention_comm = ga * attention_comm_micro
     exposed = ga * (exposed_attention_micro + expert_micro) + zero_exposed
-    offload = ga * (offload_micro + param_exposed) + optimizer_offload
+    offload = ga * (offload_micro + param_exposed) + optimizer_copies
     breakdown = TimeBreakdown(compute=compute, recompute=recompute, attention_comm=attention_comm,
                               zero_comm=zero_total, offload=offload, exposed_comm=exposed,
                               step=compute + exposed + offload, expert_comm=ga * expert_micro)
@@ -139,11 +140,11 @@ def step_seconds_over_zero_stages(hw: HardwareSpec, cands: list[Candidate], sh: 
     ga = first.grad_accum
     steps = []
     for cand in cands:
-        t_optimizer, optimizer_offload = _optimizer_times(hw, cand, sh, n_params, c)
+        t_optimizer, optimizer_copies = _optimizer_times(hw, cand, sh, n_params, c)
         _total, zero_exposed = _zero(hw, cand, sh, n_params, c)
         compute = ga * c.micro + t_optimizer
         exposed = ga * (attention_exposed + expert_micro) + zero_exposed
-        steps.append(compute + exposed + optimizer_offload)  # no activation or parameter offload: 0 + 0 there
+        steps.append(compute + exposed + optimizer_copies)  # no activation or parameter offload: 0 + 0 there
     return steps
 
 
@@ -201,18 +202,19 @@ def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: fl
     mem_bw = hw.accelerator.memory_bandwidth
     t_optimizer = (flops.optimizer_bytes(moe.optimizer_params(sh.moe, n_params, cand.zero_stage), cand) / mem_bw
                    if mem_bw > 0 else 0.0)
-    optimizer_offload = 0.0
+    offload = 0.0
     if cand.offload_optimizer:
-        # the step runs on the host's share of DRAM bandwidth; the updated bf16 weights go back over the
-        # host link before the next forward (exposed), the gradients come down during the backward (hidden
-        # up to the overlap fraction, like ZeRO's own reduce-scatter)
-        t_optimizer = flops.optimizer_bytes(n_params, cand) / (host_memory_bandwidth(hw) / hw.devices_per_node)
-        shard_bytes = n_params / (cand.sp * cand.dp) * sh.e
+        # ZeRO-Offload as DeepSpeed runs it (optimizer_offload.py): host passes over the partition at the GPU's
+        # share of the node's DRAM bandwidth; the gradients come down during the backwards (hidden up to the
+        # overlap fraction, like ZeRO's own reduce-scatter); the updated weights go back up before the next forward
+        local = n_params / (cand.sp * cand.dp)
         link = hw.host_bandwidth * hw.comm_efficiency
-        # (with parameter offload the step writes the weights into their host partition: nothing goes back)
-        optimizer_offload = 0.0 if param_offload.enabled(cand) else comm._xfer(shard_bytes, link)
-        optimizer_offload += max(0.0, comm._xfer(shard_bytes, link) - ZERO_OVERLAP_FRACTION * c.bwd)
-    return t_optimizer, optimizer_offload
+        t_optimizer = optimizer_offload.host_step_seconds(local, host_memory_bandwidth(hw) / hw.devices_per_node)
+        offload = (optimizer_offload.weight_copy_seconds(local, sh.e, cand.zero_stage, param_offload.enabled(cand),
+                                                         link)
+                   + optimizer_offload.gradient_copies_exposed(local, sh.e, cand.zero_stage, cand.grad_accum, link,
+                                                               ZERO_OVERLAP_FRACTION * c.bwd))
+    return t_optimizer, offload
 
 
 def _attention_comm(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro) -> tuple[float, float, float, float]:

@@ -61,6 +61,7 @@ ROWS = (
     row("zero3-16k", 16384, zero_stage=3, checkpointing="sequence", mlp_chunks=2),  # (tied head: no loss tiling)
     row("optim-offload-8k", 8192, zero_stage=2, offload_optimizer=True, grad_accum=2),  # DeepSpeed CPU Adam
     row("param-offload-8k", 8192, zero_stage=3, checkpointing="full", offload_optimizer=True, offload_param=True),
+    row("z3-optim-offload-8k", 8192, zero_stage=3, offload_optimizer=True),  # weights up via a cross-dtype copy
     row("micro-batch-4k", 4096, zero_stage=1, micro_batch=2),
 )
 

@@ -7,7 +7,7 @@ import pytest
 
 from autosp.cost_models import estimate, fits, max_seq_len, memory_only
 from autosp.contract import deepspeed_buffers as ds
-from autosp.cost_models import comm, flops, memory
+from autosp.cost_models import comm, flops, memory, optimizer_offload
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import AcceleratorSpec, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.catalog.hardware import resolve_hardware
@@ -193,8 +193,8 @@ def test_a_tiled_mlp_backward_holds_the_weight_gradients_its_chunks_add_into():
 
 
 def test_the_optimizer_offload_step_streams_through_the_profiles_host_memory_bandwidth():
-    """CPU Adam is host-DRAM bound: the offloaded step's optimizer time is the optimizer bytes over the GPU's share of
-    the node's host_memory_bandwidth (a calibrated VM's, far below a DGX's, slows it in proportion); a profile without
+    """CPU Adam is host-DRAM bound: the offloaded step's optimizer time is its host passes (Adam, the clip scale, the
+    weight cast: optimizer_offload.HOST_PASS_BYTES_PER_PARAM) over the GPU's share of the node's host_memory_bandwidth (a calibrated VM's, far below a DGX's, slows it in proportion); a profile without
     the figure (0, files from before it) is priced as a DGX H100 node, the catalog's H100 figure."""
     from autosp.cost_models.step_time import HOST_ADAM_BANDWIDTH_PER_NODE
 
@@ -203,8 +203,8 @@ def test_the_optimizer_offload_step_streams_through_the_profiles_host_memory_ban
     assert H100X8.host_memory_bandwidth == HOST_ADAM_BANDWIDTH_PER_NODE
     assert _est(cand, hw=replace(H100X8, host_memory_bandwidth=0.0)).time == dgx.time
     slow = _est(cand, hw=replace(H100X8, host_memory_bandwidth=HOST_ADAM_BANDWIDTH_PER_NODE / 4))
-    t_adam = flops.optimizer_bytes(LLAMA.n_params(), cand) / (HOST_ADAM_BANDWIDTH_PER_NODE / 8)
-    assert slow.time.compute - dgx.time.compute == pytest.approx(3 * t_adam, rel=1e-9)
+    t_host = optimizer_offload.HOST_PASS_BYTES_PER_PARAM * LLAMA.n_params() / 8 / (HOST_ADAM_BANDWIDTH_PER_NODE / 8)
+    assert slow.time.compute - dgx.time.compute == pytest.approx(3 * t_host, rel=1e-9)
     assert _est(BASE, hw=replace(H100X8, host_memory_bandwidth=1e9)).time == _est(BASE).time  # no offload: no change
 
 

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from autosp.cost_models import estimate, param_offload
+from autosp.cost_models import estimate, optimizer_offload, param_offload
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.contract.deepspeed_config import deepspeed_config, zero_section
@@ -46,14 +46,20 @@ def test_host_holds_the_partition_and_is_checked():
 def test_copies_hide_behind_long_passes_and_show_at_short_ones():
     off, on = _pair(ONE, ALST_1GPU, 500_000)
     # 500K tokens: each pass computes for minutes, the 16 GB of copies take ~0.3 s: only the first module waits,
-    # and the weights no longer go back to the device after the optimizer step
+    # and the weights no longer go back to the device after the optimizer step (without parameter offload ZeRO-3
+    # copies them up across dtypes through a pageable buffer, optimizer_offload.weight_copy_seconds: a few seconds)
     assert on.time.offload <= off.time.offload
-    assert on.time.step == pytest.approx(off.time.step, rel=1e-3)
+    assert on.time.step <= off.time.step
+    assert on.time.step == pytest.approx(off.time.step, rel=1e-2)
     short = replace(ALST_1GPU, mlp_chunks=1, loss_chunks=1)
     off, on = _pair(ONE, short, 1024)
     link = ONE.host_bandwidth * ONE.comm_efficiency
     per_pass = 2 * MODEL.n_params() / link
-    assert on.time.offload > off.time.offload + per_pass  # three passes (full recompute) barely overlap at 1K tokens
+    assert on.time.offload > 2 * per_pass  # three passes (full recompute) barely overlap at 1K tokens
+    # without parameter offload ZeRO-3's weights come back through torch's pageable cross-dtype copy after the step,
+    # which on the measured host costs more than those three pinned fetches
+    pageable = optimizer_offload.weight_copy_seconds(MODEL.n_params(), 2, 3, False, link)
+    assert pageable > 3 * per_pass and off.time.offload > pageable
     assert param_offload.passes(short) == 3
     assert param_offload.passes(replace(short, checkpointing="sequence", offload_activations=False)) == 2
 

@@ -216,18 +216,20 @@ def test_an_infeasible_request_names_the_least_memory_of_its_whole_space(spec):
 
 
 def test_the_micro_batch_climb_looks_past_one_step_that_loses(monkeypatch):
-    """Llama-3.1-8B at 19k tokens on one H100 (Inductor's fused loss): micro-batch 2 loses to 1, where 8 (with loss
-    and MLP tiling and offload) beats both by 7 %; a climb that stops at the first losing step misses it."""
+    """Mistral-7B at 8k tokens on one A100-80GB (ZeRO-3, optimizer and parameter offload): micro-batch 4 loses to 2,
+    where 8 (with activation offload) beats both by 4 %; a climb that stops at the first losing step misses it (0.96
+    of exhaustive). (The case was Llama-3.1-8B at 19k on one H100 until the offloaded optimizer step was priced as
+    DeepSpeed runs it; its climb no longer loses a step on the way.)"""
     from autosp.planner.api import make_plan
     from autosp.planner.search import fast_bulk
 
     def tps(search):
-        return make_plan("llama-3.1-8b", "19k", "h100", search=search, cache=False).estimate.tokens_per_second
+        return make_plan("mistral-7b", "8k", "a100-80g", search=search, cache=False).estimate.tokens_per_second
 
     best = tps("exhaustive")
     assert tps("fast") == pytest.approx(best, rel=1e-12)
     monkeypatch.setattr(fast_bulk, "MICRO_PATIENCE", 0)
-    assert tps("fast") < 0.95 * best
+    assert tps("fast") < 0.97 * best
 
 
 def test_a_micro_batch_the_scaling_bound_rules_out_does_not_end_the_climb():

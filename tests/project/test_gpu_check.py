@@ -182,3 +182,19 @@ def test_the_cost_model_prices_the_h200_checks_allocated_peaks_within_ten_percen
     assert all(0.9 <= r["alloc_now"] <= 1.1 for r in priced), [(r["label"], round(r["alloc_now"], 3)) for r in priced]
     assert max(r["alloc_then"] for r in priced) > 2.0  # the check ran under the old price
     assert "param-offload-8k" in "\n".join(reprice_lines(path))
+
+
+def test_the_cost_model_prices_the_h200_checks_offloaded_optimizer_steps_with_the_measured_host():
+    """The second H200 check (studies/results/gpu_check_h200_session2.json), priced with the profile autosp-calibrate
+    measured on that VM (calibrated-h200.json: its host triad 101 GB/s): the two optimizer-offload rows' step times
+    within the band of the rows without offload (0.8-1.1 of measured). Priced with a DGX's host DRAM and Adam's bytes
+    alone they were at 0.38-0.40; with the measured triad but Adam's bytes alone, at 0.62-0.68 (the clip scale, the
+    weight cast and the gradients' fp32 and accumulation copies were missing: cost_models/optimizer_offload.py)."""
+    from studies.gpu_check.reprice import reprice_rows
+
+    results = ROOT / "studies" / "results"
+    _, _, priced = reprice_rows(str(results / "gpu_check_h200_session2.json"), str(results / "calibrated-h200.json"))
+    offload = {r["label"]: r["step_now"] for r in priced if r["label"] in ("optim-offload-8k", "param-offload-8k")}
+    assert set(offload) == {"optim-offload-8k", "param-offload-8k"}
+    assert all(0.8 <= v <= 1.1 for v in offload.values()), offload
+    assert all(0.9 <= r["alloc_now"] <= 1.1 for r in priced)  # the tiled rows too, measured after their fix
