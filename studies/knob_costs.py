@@ -5,7 +5,8 @@
 
 One world-2 gloo job (SP=2, ZeRO-1, fp32, the project's reference Llama) compiles and trains every
 setting of every knob the planner chooses -- checkpointing none/selective/sequence/full, activation
-offload, MLP tiling, logits+loss tiling, the two overlap schedules, and all of them at once -- and
+offload, MLP tiling, logits+loss tiling, the two overlap schedules, sequence-chunked layers (their saved
+tensors kept, then offloaded), and all of them at once -- and
 measures per rank (the worse rank): the bytes the compiled graph saves for backward (saved-tensor
 hooks, de-duplicated by storage), the allocated peak of a step, and the step time (median of the
 timed steps, slowest rank). Next to each: the cost model's prediction with the calibrated CPU profile
@@ -41,6 +42,8 @@ SETTINGS = [  # (label, knob overrides)
     ("loss_chunks 8", dict(loss_chunks=8)),
     ("overlap kv_async", dict(overlap="kv_async")),
     ("overlap head_pipeline", dict(overlap="head_pipeline")),
+    ("sequence_chunks 4", dict(sequence_chunks=4)),
+    ("sequence_chunks 4 + offload", dict(sequence_chunks=4, offload_chunks=True)),
     ("all: seq+offload+mlp4+loss8+kv_async", dict(checkpointing="sequence", offload_activations=True, mlp_chunks=4,
                                                   loss_chunks=8, overlap="kv_async")),
 ]
