@@ -32,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="steps before measuring, the first compiles (default 1)")
     p.add_argument("--backend", choices=("inductor", "aot_eager"), default=None,
                    help="torch.compile backend (default inductor on the GPU, aot_eager on the dry run)")
+    p.add_argument("--kernel-breakdown", default="", metavar="ROWS",
+                   help="comma-separated rows that profile one more step after the timed ones: its device time by "
+                        "kernel kind (attention, matmul, collective, copy, other) and the time the device sat idle, "
+                        "in gpu_check.json and one line under the table (studies/measure/kernels.py)")
     p.add_argument("--list", action="store_true", help="print the rows with their predictions and exit")
     p.add_argument("--reprice", metavar="JSON", default=None,
                    help="price the measured rows of a committed gpu_check.json again with today's cost model "
@@ -66,10 +70,12 @@ def main(argv=None) -> int:
             raise ValueError("--steps and --warmup must be at least 1")
         names = tuple(n.strip() for n in args.rows.split(",") if n.strip())
         rows_mod.select(list(names))
+        profiled = tuple(n.strip() for n in args.kernel_breakdown.split(",") if n.strip())
+        rows_mod.select(list(profiled))
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out}: exists and is not a folder")
         opts = CheckOptions(out=args.out, time_budget=args.time_budget, dry_run=args.dry_run, hw=args.hw, rows=names,
-                            warmup=args.warmup, steps=args.steps, backend=args.backend)
+                            warmup=args.warmup, steps=args.steps, backend=args.backend, kernel_breakdown=profiled)
         if args.reprice:
             from studies.gpu_check.reprice import reprice_lines
 

@@ -36,6 +36,7 @@ class CheckOptions:
     backend: str | None = None       # None: inductor on the GPU, aot_eager on the dry run
     min_row_seconds: float | None = None  # do not start a row with less left; None: 45 s GPU / 3 s dry run
     finish_seconds: float = 15.0     # kept back from the budget for stopping the ranks and writing the files
+    kernel_breakdown: tuple = ()     # row names that profile one more step: device time by kernel kind
 
 
 def _default_hw(dry_run: bool) -> str:
@@ -58,7 +59,8 @@ def _configs(opts: CheckOptions, selected, model, backend: str):
     for r in selected:
         seq = max(32, r.seq_len // rows_mod.DRY_RUN_SEQ_DIVISOR) if opts.dry_run else r.seq_len
         out.append(RunConfig(model=model, seq_len=seq, sp=1, dtype="bf16", warmup=opts.warmup, steps=opts.steps or 3,
-                             backend=backend, label=r.name, **r.knob_dict()))
+                             backend=backend, label=r.name, kernel_breakdown=r.name in opts.kernel_breakdown,
+                             **r.knob_dict()))
     return out
 
 

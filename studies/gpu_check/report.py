@@ -50,7 +50,18 @@ def entry(row_spec, harness_row: dict) -> dict:
         measured["leftover_before_row"] = cuda["leftover_before_row"]
     out["measured"] = measured
     out["ratio"] = {k: _ratio(predicted.get(k), measured.get(k)) for k in ("alloc", "device", "step")}
+    if "kernels" in harness_row:
+        out["kernels"] = harness_row["kernels"]
     return out
+
+
+def kernel_line(k: dict) -> str:
+    """One profiled step's device time by kind (studies/measure/kernels.py), as a line under its row."""
+    if "error" in k:
+        return f"{'':<18}   kernel breakdown failed: {k['error']}"
+    kinds = ", ".join(f"{kind} {seconds:.3f}" for kind, seconds in k["seconds"].items())
+    return (f"{'':<18}   one profiled step: {k['wall']:.3f} s wall, device busy {k['busy']:.3f} s ({kinds}), "
+            f"idle {k['idle']:.3f} s")
 
 
 def _knobs_text(knobs: dict) -> str:
@@ -98,7 +109,12 @@ def format_line(e: dict, unit: str = "GiB") -> str:
 
 def format_table(entries: list[dict], title: str, unit: str = "GiB") -> str:
     top = header(unit)
-    return "\n".join([title, top, "-" * len(top)] + [format_line(e, unit) for e in entries])
+    lines = [title, top, "-" * len(top)]
+    for e in entries:
+        lines.append(format_line(e, unit))
+        if e.get("kernels"):
+            lines.append(kernel_line(e["kernels"]))
+    return "\n".join(lines)
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -102,7 +102,9 @@ RunConfig = make_dataclass(
        ("threads", "int | None", field(default=None)), ("label", str, field(default="")),
        # packed: the documents of each sequence, in order (they sum to seq_len); () unpacked. Predicted as the
        # stream of docs/cost_model.md, exact when the lengths are equal and divide seq_len
-       ("doc_lens", tuple, field(default=()))],
+       ("doc_lens", tuple, field(default=())),
+       # one more step under the profiler after the timed ones: its device time by kernel kind (measure/kernels.py)
+       ("kernel_breakdown", bool, field(default=False))],
     bases=(_Run,), frozen=True)
 RunConfig.__module__ = __name__  # found by pickle (the spawned ranks) like a class written out
 RunConfig.__doc__ = """One configuration: the model, the sequence, every plan knob (the knob table's rows, flat), and
@@ -248,7 +250,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     import torch
 
     import autosp
-    from studies.measure import memory
+    from studies.measure import kernels, memory
 
     cuda = device.type == "cuda"
     leftover = None
@@ -300,11 +302,14 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     gc.collect()
     resident = memory.resident_peak(step) if not cuda else {}
     timed = _timed_steps(step, cfg.steps, rank, cuda, device)
+    breakdown = kernels.breakdown(step, device) if cfg.kernel_breakdown else None
     per_rank = {"rank": rank, "memory": _memory_entry(census, dyn, resident, cuda, leftover),
                 "step_times": timed["step_times"], "own_cpu_seconds": timed["own_cpu_seconds"],
                 "wall": timed["wall"], "stat": timed["stat"], "load1": timed["load1"], "compile_times": compile_times,
                 "setup_seconds": setup_seconds,
                 "device_name": torch.cuda.get_device_name(device) if cuda else "cpu"}
+    if breakdown is not None:
+        per_rank["kernels"] = breakdown
     del engine
     return per_rank
 
@@ -326,6 +331,8 @@ def _combine(cfg: RunConfig, ranks: list[dict], prediction=None) -> dict:
            "memory": worst["memory"], "memory_rank": worst["rank"],
            "memory_per_rank": [r["memory"]["allocated_peak"] for r in ranks],
            "contention": cont}
+    if "kernels" in ranks[0]:
+        row["kernels"] = ranks[0]["kernels"]
     if prediction is not None:
         row["prediction"] = prediction
     return row

@@ -126,7 +126,7 @@ def _dry_run(tmp_path, *extra):
 @pytest.mark.slow
 def test_dry_run_measures_and_predicts_every_row(tmp_path):
     # a budget far above the ~100 s the dry run takes on an idle machine: every row must run even under load
-    run = _dry_run(tmp_path, "--time-budget", "1500")
+    run = _dry_run(tmp_path, "--time-budget", "1500", "--kernel-breakdown", "base-8k,chunks-64k")
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     table = (tmp_path / "gpu_check.txt").read_text()
@@ -144,6 +144,13 @@ def test_dry_run_measures_and_predicts_every_row(tmp_path):
         assert 0.2 < e["ratio"]["alloc"] < 5, e
         assert e["measured"]["saved_activations"] > 0
         assert e["name"] in table and e["name"] in run.stdout
+    # the two profiled rows carry their step's device time by kind (on a CPU: its operators), and a line each
+    profiled = {e["name"]: e.get("kernels") for e in result["rows"] if e.get("kernels")}
+    assert set(profiled) == {"base-8k", "chunks-64k"}
+    for k in profiled.values():
+        assert "error" not in k, k
+        assert 0 < k["busy"] and k["seconds"]["matmul"] > 0 and k["seconds"]["attention"] > 0
+    assert table.count("one profiled step:") == 2
     # checkpointing moves what is saved for backward the way its policies are ordered
     saved = {e["name"]: e["measured"]["saved_activations"] for e in result["rows"]}
     assert saved["full-32k"] < saved["offload-32k"]  # same length: 'full' keeps less than 'sequence'
@@ -198,3 +205,19 @@ def test_the_cost_model_prices_the_h200_checks_offloaded_optimizer_steps_with_th
     assert set(offload) == {"optim-offload-8k", "param-offload-8k"}
     assert all(0.8 <= v <= 1.1 for v in offload.values()), offload
     assert all(0.9 <= r["alloc_now"] <= 1.1 for r in priced)  # the tiled rows too, measured after their fix
+
+
+def test_the_kernel_breakdown_sums_device_time_by_kind_and_counts_overlaps_once():
+    from studies.measure.kernels import kind_of, summarize
+
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop") == "attention"
+    assert kind_of("Memcpy HtoD (Pinned -> Device)") == "copy"
+    assert kind_of("ncclDevKernel_AllGather_RING_LL") == "collective"
+    assert kind_of("triton_per_fused_add_mul_rsqrt_0") == "other"
+    ns = 1_000_000_000
+    events = [("gemm_a", 0, ns // 2), ("flash_fwd", ns // 4, ns // 2), ("Memcpy DtoH", 2 * ns, ns // 10)]
+    out = summarize(events, wall_seconds=3.0)
+    assert out["seconds"]["matmul"] == 0.5 and out["seconds"]["attention"] == 0.5 and out["seconds"]["copy"] == 0.1
+    assert out["busy"] == pytest.approx(0.85) and out["idle"] == pytest.approx(2.15)  # [0, 0.75] and [2, 2.1]
+    assert out["top"][0]["seconds"] == 0.5 and out["events"]["matmul"] == 1
