@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-adam", action="store_true", help="skip the CPU Adam step (and its JIT build)")
     ap.add_argument("--out", default="out/host_probe", help="folder for host_offload_probe.json")
     args = ap.parse_args(argv)
+    if args.params < 1 or args.repeats < 1:
+        ap.error("--params and --repeats must be at least 1")
     result = {"cpus": node_cpus(), "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
     settings = make_settings("cpu", quick=False)
     result["triad"] = host_stream_bandwidth(settings.host_stream_bytes, node_cpus(), settings)
