@@ -6,12 +6,12 @@
 #   bash studies/gpu_session/run.sh kernels   # autosp-train under the flash2 and cudnn plans, twice each, alternated
 #   bash studies/gpu_session/run.sh flash3    # autosp-train under a plan priced for flash3 (the warning path)
 #
-# The first ends within TOTAL seconds (default 550; the GPU check gets what is left), the second in about 100 s,
+# The first ends within TOTAL seconds (default 575, for a device call of timeout_s 600; the GPU check gets what is left), the second in about 100 s,
 # the third in about 40 s. (The flash3 run was part of the first; both sessions of 2026-12-04 showed its warning
 # and note, so it gave its time to the check's rows.)
 # A bare machine: autosp runs from the checkout (bare_cli.py), the wheels are installed into /tmp/site.
 set -u
-T0=$(date +%s); END=$((T0 + ${TOTAL:-550}))
+T0=$(date +%s); END=$((T0 + ${TOTAL:-575}))
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu_wheels/*.whl || exit 9
 export PYTHONPATH=/tmp/site
