@@ -2,16 +2,19 @@
 
 ZeRO-Offload runs the optimizer on the host with DeepSpeed's ``DeepSpeedCPUAdam`` over one flat fp32 partition
 (master weights, gradients, two moments), and moves the gradients down and the updated weights up over the
-host link. The cost model prices the step as ``OPTIMIZER_BYTES_PER_PARAM`` bytes per parameter streamed at the
-profile's ``host_memory_bandwidth`` (what ``autosp-calibrate`` measures as a STREAM triad), and the copies at
-``host_bandwidth``. This probe measures the three on the machine it runs on, side by side in one process:
+host link. The cost model (``cost_models/optimizer_offload.py``) prices the step's host passes (Adam's
+``OPTIMIZER_BYTES_PER_PARAM``, the clip scale, the weight cast) at the profile's ``host_memory_bandwidth`` (what
+``autosp-calibrate`` measures as a STREAM triad), and its copies at ``host_bandwidth``. This probe measures each
+piece on the machine it runs on, side by side in one process:
 
 - the triad, with the same function and threads as ``autosp-calibrate``;
 - one ``DeepSpeedCPUAdam.step`` over N parameters (default Llama-3.2-1B's 1.24e9, the GPU check's model) laid
   out as ZeRO-Offload lays them out (one flat fp32 tensor each), timed after a warm-up step, and the bandwidth
-  it achieves at the cost model's bytes per parameter; the ratio of that to the triad is the figure to check;
-- on CUDA, the copies ZeRO-Offload makes: bf16 device -> pinned host and back, and bf16 device -> fp32 host (the
-  gradient partition's dtype conversion, which stage 1-2 offload does with one ``copy_``).
+  it achieves at the cost model's bytes per parameter; the ratio of that to the triad is the figure to check
+  (``--no-adam`` skips it and its JIT build);
+- the host passes DeepSpeed makes around the step: the fp32 -> bf16 weight cast, the clip scale, a zeroing;
+- on CUDA, the copies as DeepSpeed makes them: bf16 device <-> pinned host, the gradients cast to fp32 on the
+  device and copied down, and torch's ``copy_`` across devices and dtypes (ZeRO-3's weights after the step).
 
     python -m studies.host_offload_probe --out out/host_probe      # CUDA or CPU; CPU Adam JIT-builds on first use
     python -m studies.host_offload_probe --params 2e8               # a smaller step (this CPU machine)
