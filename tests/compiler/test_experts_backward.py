@@ -1,0 +1,53 @@
+"""The experts' backward (compiler/experts.py): each expert's weight gradient is made once, not as a zero tensor of
+every expert's size."""
+
+import torch
+
+from autosp.compiler.experts import _local_experts
+
+
+def _case(dtype=torch.float64):
+    gen = torch.Generator().manual_seed(0)
+    rows, hidden, experts, inner = 12, 6, 5, 4
+    x = torch.randn(rows, hidden, generator=gen, dtype=dtype, requires_grad=True)
+    expert = torch.tensor([0, 2, 2, 0, 4, 2, 0, 0, 4, 2, 2, 0])  # expert 1 and 3 get no rows
+    gate_up = torch.randn(experts, 2 * inner, hidden, generator=gen, dtype=dtype, requires_grad=True)
+    down = torch.randn(experts, hidden, inner, generator=gen, dtype=dtype, requires_grad=True)
+    return x, expert, gate_up, down
+
+
+def _graph_names(root) -> set[str]:
+    seen, names, stack = set(), set(), [root]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(type(fn).__name__)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return names
+
+
+def test_the_expert_weights_are_split_once_so_their_gradients_are_stacked_once():
+    """Indexing gate_up[e] per expert put a SelectBackward on every expert: each made a zero tensor of all the
+    experts' size in the backward, added up one by one (E passes over the layer's expert weights)."""
+    x, expert, gate_up, down = _case()
+    out = _local_experts(x, expert, gate_up, down, torch.nn.functional.silu)
+    names = _graph_names(out.grad_fn)
+    assert "UnbindBackward0" in names and "SelectBackward0" not in names
+
+
+def test_the_experts_gradients_equal_a_per_row_reference_and_are_zero_for_experts_without_rows():
+    x, expert, gate_up, down = _case()
+    out = _local_experts(x, expert, gate_up, down, torch.nn.functional.silu)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    got = torch.autograd.grad((out * weight).sum(), (x, gate_up, down))
+    ref_out = []
+    for r in range(x.shape[0]):  # each row through its own expert, no grouping at all
+        gate, up = torch.nn.functional.linear(x[r], gate_up[expert[r]]).chunk(2)
+        ref_out.append(torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down[expert[r]]))
+    ref = torch.autograd.grad((torch.stack(ref_out) * weight).sum(), (x, gate_up, down))
+    torch.testing.assert_close(out, torch.stack(ref_out), rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert got[1][[1, 3]].abs().sum() == 0 and got[2][[1, 3]].abs().sum() == 0
