@@ -156,7 +156,7 @@ def moe_experts_backward(grad: torch.Tensor, hidden: torch.Tensor, top_k_index: 
     gradients summed over the pieces)."""
     from autosp.compiler.chunked_layer import _autograd_inside_op
 
-    d_hidden, d_weights, d_gate_up, d_down = [], [], torch.zeros_like(gate_up), torch.zeros_like(down)
+    d_hidden, d_weights, d_gate_up, d_down = [], [], None, None
     for h, i, w, g in _token_chunks(chunks, hidden, top_k_index, top_k_weights, grad):
         leaves = [t.detach().requires_grad_(True) for t in (h, w, gate_up, down)]
         with _autograd_inside_op():
@@ -165,8 +165,11 @@ def moe_experts_backward(grad: torch.Tensor, hidden: torch.Tensor, top_k_index: 
         grads = [torch.zeros_like(leaf) if gr is None else gr for gr, leaf in zip(grads, leaves)]
         d_hidden.append(grads[0])
         d_weights.append(grads[1])
-        d_gate_up += grads[2]
-        d_down += grads[3]
+        # the first piece's expert-weight gradients are the sums' buffers (no zero-filled copy of the weights beside
+        # them); later pieces add into them
+        d_gate_up = grads[2] if d_gate_up is None else d_gate_up.add_(grads[2])
+        d_down = grads[3] if d_down is None else d_down.add_(grads[3])
+        del grads
     return torch.cat(d_hidden).contiguous(), torch.cat(d_weights).contiguous(), d_gate_up, d_down
 
 
