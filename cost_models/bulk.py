@@ -415,7 +415,7 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c
     nd = base.sp * base.dp
     psi = sh.n_params
     # without ZeRO a rank steps only its E / ep experts (moe.optimizer_params; the same count from stage 1 on)
-    local_params = np.where((r.zero >= 1) | r.opt, psi / nd, moe.optimizer_params(sh.moe, psi, 0))
+    local_params = np.where(r.zero >= 1, psi / nd, moe.optimizer_params(sh.moe, psi, 0))
     opt_bytes = flops.OPTIMIZER_BYTES_PER_PARAM * local_params
     # an offloaded step (cost_models/optimizer_offload.py, as step_time._optimizer_times prices it): its terms
     # read the ZeRO stage (3 or not) and parameter offload only
@@ -424,12 +424,13 @@ def _optimizer_times(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c
     hidden = ZERO_OVERLAP_FRACTION * c.t_bwd
     t_host = optimizer_offload.host_step_seconds(local, host_memory_bandwidth(hw) / hw.devices_per_node)
     t_optimizer = np.where(r.opt, t_host, opt_bytes / hw.accelerator.memory_bandwidth)
-    stage3 = r.zero == 3
-    weights = np.where(r.param, 0.0, np.where(stage3, optimizer_offload.weight_copy_seconds(local, e, 3, False, link),
-                                              optimizer_offload.weight_copy_seconds(local, e, 2, False, link)))
-    grads = np.where(stage3, optimizer_offload.gradient_copies_exposed(local, e, 3, ga, link, hidden),
-                     optimizer_offload.gradient_copies_exposed(local, e, 2, ga, link, hidden))
-    optimizer_offload_seconds = np.where(r.opt, weights + grads, 0.0)
+
+    def copies(stage: int, params_offloaded: bool) -> float:
+        return optimizer_offload.copies_exposed(local, e, stage, params_offloaded, ga, link, hidden)
+
+    # parameter offload implies ZeRO-3; stages 1 and 2 price alike
+    copied = np.where(r.param, copies(3, True), np.where(r.zero == 3, copies(3, False), copies(2, False)))
+    optimizer_offload_seconds = np.where(r.opt, copied, 0.0)
     return t_optimizer, optimizer_offload_seconds
 
 

@@ -127,8 +127,9 @@ def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
 
 
 def optimizer_bytes(n_params: float, cand: Candidate) -> float:
-    """Adam traffic of one optimizer step on one GPU (ZeRO >= 1 updates only its 1/N_d shard)."""
-    local = n_params / (cand.sp * cand.dp) if cand.zero_stage >= 1 or cand.offload_optimizer else n_params
+    """Adam traffic of one optimizer step on one GPU (ZeRO >= 1 updates only its 1/N_d shard); an offloaded step is
+    priced by optimizer_offload.host_step_seconds."""
+    local = n_params / (cand.sp * cand.dp) if cand.zero_stage >= 1 else n_params
     return OPTIMIZER_BYTES_PER_PARAM * local
 
 

@@ -79,5 +79,13 @@ def weight_copy_seconds(local_params: float, e: float, zero_stage: int, param_of
     return seconds(e * local_params, rate)
 
 
+def copies_exposed(local_params: float, e: float, zero_stage: int, param_offload: bool, ga: int, link: float,
+                   hidden_per_backward: float) -> float:
+    """The offloaded step's exposed host-link seconds per step: the weights' way back and the gradients' copies."""
+    return (weight_copy_seconds(local_params, e, zero_stage, param_offload, link)
+            + gradient_copies_exposed(local_params, e, zero_stage, ga, link, hidden_per_backward))
+
+
 __all__ = ["CLIP_SCALE_BYTES_PER_PARAM", "FP32_GRADIENT_BYTES", "HOST_PASS_BYTES_PER_PARAM", "PAGEABLE_COPY_FRACTION",
-           "WEIGHT_CAST_BYTES_PER_PARAM", "gradient_copies_exposed", "host_step_seconds", "weight_copy_seconds"]
+           "WEIGHT_CAST_BYTES_PER_PARAM", "copies_exposed", "gradient_copies_exposed", "host_step_seconds",
+           "weight_copy_seconds"]

@@ -199,21 +199,18 @@ def _micro_compute(hw: HardwareSpec, cand: Candidate, sh: Shapes) -> _Micro:
 
 def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Micro) -> tuple[float, float]:
     """(the optimizer step, the exposed host copies of an offloaded optimizer) in seconds."""
-    mem_bw = hw.accelerator.memory_bandwidth
-    t_optimizer = (flops.optimizer_bytes(moe.optimizer_params(sh.moe, n_params, cand.zero_stage), cand) / mem_bw
-                   if mem_bw > 0 else 0.0)
-    offload = 0.0
-    if cand.offload_optimizer:
-        # ZeRO-Offload as DeepSpeed runs it (optimizer_offload.py): host passes over the partition at the GPU's
-        # share of the node's DRAM bandwidth; the gradients come down during the backwards (hidden up to the
-        # overlap fraction, like ZeRO's own reduce-scatter); the updated weights go back up before the next forward
-        local = n_params / (cand.sp * cand.dp)
-        link = hw.host_bandwidth * hw.comm_efficiency
-        t_optimizer = optimizer_offload.host_step_seconds(local, host_memory_bandwidth(hw) / hw.devices_per_node)
-        offload = (optimizer_offload.weight_copy_seconds(local, sh.e, cand.zero_stage, param_offload.enabled(cand),
-                                                         link)
-                   + optimizer_offload.gradient_copies_exposed(local, sh.e, cand.zero_stage, cand.grad_accum, link,
-                                                               ZERO_OVERLAP_FRACTION * c.bwd))
+    if not cand.offload_optimizer:
+        mem_bw = hw.accelerator.memory_bandwidth
+        local = moe.optimizer_params(sh.moe, n_params, cand.zero_stage)
+        return (flops.optimizer_bytes(local, cand) / mem_bw if mem_bw > 0 else 0.0), 0.0
+    # ZeRO-Offload as DeepSpeed runs it (optimizer_offload.py): host passes over the partition at the GPU's share of
+    # the node's DRAM bandwidth; the gradients come down during the backwards (hidden up to the overlap fraction,
+    # like ZeRO's own reduce-scatter); the updated weights go back up before the next forward
+    local = n_params / (cand.sp * cand.dp)
+    t_optimizer = optimizer_offload.host_step_seconds(local, host_memory_bandwidth(hw) / hw.devices_per_node)
+    offload = optimizer_offload.copies_exposed(local, sh.e, cand.zero_stage, param_offload.enabled(cand),
+                                               cand.grad_accum, hw.host_bandwidth * hw.comm_efficiency,
+                                               ZERO_OVERLAP_FRACTION * c.bwd)
     return t_optimizer, offload
 
 

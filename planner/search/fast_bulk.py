@@ -361,7 +361,6 @@ class _Search:
                     break  # no larger micro-batch of this layout can win either
                 if max(caps) <= self.best[0]:
                     continue  # this one cannot (micro / m times a smaller one's best); a larger one still may
-
                 structure = (sp, ring, micro, overlap)
                 self.deferred[structure] = []
                 self.offer(*structure)

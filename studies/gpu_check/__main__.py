@@ -58,6 +58,13 @@ def _list(opts) -> int:
     return 0
 
 
+def _row_names(text: str) -> tuple:
+    """A comma-separated list of row names, each checked (an unknown name raises ValueError)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    rows_mod.select(list(names))
+    return names
+
+
 def main(argv=None) -> int:
     from autosp.errors import AutospError
     from studies.gpu_check.check import CheckOptions, run_check
@@ -68,10 +75,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--time-budget must be positive, got {args.time_budget:g}")
         if (args.steps is not None and args.steps < 1) or args.warmup < 1:
             raise ValueError("--steps and --warmup must be at least 1")
-        names = tuple(n.strip() for n in args.rows.split(",") if n.strip())
-        rows_mod.select(list(names))
-        profiled = tuple(n.strip() for n in args.kernel_breakdown.split(",") if n.strip())
-        rows_mod.select(list(profiled))
+        names, profiled = _row_names(args.rows), _row_names(args.kernel_breakdown)
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out}: exists and is not a folder")
         opts = CheckOptions(out=args.out, time_budget=args.time_budget, dry_run=args.dry_run, hw=args.hw, rows=names,
