@@ -23,6 +23,11 @@ in one launch and take turns step by step, so the load of a shared machine falls
   python              time in the phase not inside any op (framework and engine code)
   ==================  ===============================================================================
 
+The **compute floor** of an implementation is the sum of its arithmetic categories (attention, tiled MLP and
+loss, matmuls, compiled kernels: recompute included, framework, copies and waiting excluded), printed as a
+fraction of ALST's whole profiled step: however its communication and framework work were scheduled, the step
+cannot take less than that while its kernels run at the rates measured.
+
 Run:  .venv/bin/python studies/profile_step.py [--sp 2] [--seq 4096] [--steps 12]
 Writes studies/results/profile_step.json (the table per implementation and phase) and prints it.
 """
@@ -46,6 +51,9 @@ import compare_sp_implementations as study  # noqa: E402  (the study's model, ba
 PHASES = ("forward", "backward", "optimizer")
 CATEGORIES = ("attention", "tiled MLP", "tiled loss", "all-to-all", "other collectives", "matmuls",
               "compiled kernels", "other ops", "python")
+COMPUTE = ("attention", "tiled MLP", "tiled loss", "matmuls", "compiled kernels")
+"""The categories that are the step's arithmetic (kernels, recompute included), not framework, copies or waiting:
+their sum is a floor under the step's time for as long as the kernels run at the rates this run measured."""
 
 
 def category(name: str, ancestors: list) -> str:
@@ -67,6 +75,11 @@ def category(name: str, ancestors: list) -> str:
     if name.startswith("## Call CompiledFxGraph"):
         return "compiled kernels"
     return "other ops"
+
+
+def compute_floor_ms(table: dict) -> float:
+    """ms per step in the :data:`COMPUTE` categories of one implementation's ``breakdown`` table."""
+    return sum(table[p][c] for p in PHASES for c in COMPUTE)
 
 
 def breakdown(events, steps: int) -> dict:
@@ -188,6 +201,9 @@ def main():
 
     load = os.getloadavg()[0]  # the machine's 1-minute load before the run: a shared machine's timings vary with it
     results = testing.spawn(worker, args.sp, args)
+    alst_total = sum(sum(results["alst"]["ms_per_step"][p].values()) for p in PHASES)
+    for name in NAMES:
+        results[name]["compute_floor_x_alst"] = compute_floor_ms(results[name]["ms_per_step"]) / alst_total
     results["setup"] = {k: v for k, v in vars(args).items() if k != "out"} | {"torch": torch.__version__,
                                                                               "load_average_before": load}
     write_text(args.out, json.dumps(results, indent=2) + "\n")
@@ -204,6 +220,10 @@ def main():
         print(f"{n}: step {r['step_s']:.3f} s (median of {args.steps} rounds; fastest {r['fastest_step_s']:.3f} s), "
               f"{r['x_alst']:.3f} x ALST's step of the same round (median), rank 0 main-thread CPU "
               f"{r['main_thread_cpu_s']:.3f} s")
+    for n in names:
+        floor = compute_floor_ms(results[n]["ms_per_step"])
+        print(f"{n}: compute floor ({', '.join(COMPUTE)}) {floor:.1f} ms = {results[n]['compute_floor_x_alst']:.3f} x "
+              f"ALST's profiled step: no schedule of this plan's kernels, at these rates, is faster")
     print(f"load average before the run: {load:.2f}; written to {args.out}")
     return 0
 
