@@ -12,7 +12,7 @@ Conventions:
 
 from __future__ import annotations
 
-from autosp.cost_models import ring
+from autosp.cost_models import moe, ring
 from autosp.cost_models.profile import FA_BACKWARD_FACTOR, POLICY_INDEX  # noqa: F401  (re-exported)
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate
@@ -66,7 +66,8 @@ def recompute_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
     selective: pointwise only (see pointwise_bytes); sequence: every layer's projections and MLP
     forward (never attention); full: a whole extra forward of every layer, attention included;
     MLP tiling adds one more MLP forward (each chunk is recomputed in its backward); loss tiling adds
-    one more LM-head forward. Sequence-chunked layers: :func:`layer_forwards_recomputed`.
+    one more LM-head forward. Sequence-chunked layers: :func:`layer_forwards_recomputed`. A mixture of experts'
+    routed experts are recomputed by their op in every case (:func:`moe.recomputed_expert_flops`).
     """
     s, L = sh.s, sh.L
     matmul = 0.0
@@ -77,6 +78,8 @@ def recompute_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
         attention += attention_flops_forward(sh)
     if cand.mlp_chunks > 1:
         matmul += 2.0 * s * L * sh.mlp_params
+    else:  # the experts op re-runs its routed experts' forward in its backward (tiled, the line above counts it)
+        matmul += moe.recomputed_expert_flops(sh.moe, s)
     if cand.loss_chunks > 1:
         matmul += 2.0 * s * sh.head_matmul_params
     return matmul, attention

@@ -200,11 +200,16 @@ def tiled_weight_grad_bytes(sh: Shapes, params: float) -> float:
 def mlp_phase_bytes(sh: Shapes, policy: str, mlp_chunks: int, extra_fixed: float = 0.0) -> float:
     """Bytes alive on top of the kept set during one layer's MLP backward: :func:`layer_mlp_phase` over the
     local tokens (``extra_fixed``: more fixed bytes per token, the experts' buffers) and, when a dense MLP is
-    tiled, the weight gradients its chunks add into (:func:`tiled_weight_grad_bytes`; a mixture of experts'
-    tiled experts: cost_models/moe.py)."""
+    tiled, the weight gradients its chunks add into (:func:`tiled_weight_grad_bytes`). A mixture of experts'
+    MoE layer: the larger of that working set (beside the expert-gradient sums of earlier token pieces) and what
+    the experts op holds when its backward ends, its expert weight gradients and the tokens' input gradient
+    (:func:`moe.expert_grad_bytes`)."""
     mlp_phase, mlp_fixed = layer_mlp_phase(sh, policy, mlp_chunks)
     working = sh.s * sh.e * mlp_phase + sh.s * (mlp_fixed + extra_fixed)
-    if mlp_chunks == 1 or sh.moe is not None:
+    if sh.moe is not None:
+        during, at_end = moe.expert_grad_bytes(sh.moe, sh.e, mlp_chunks)
+        return max(working + during, at_end + sh.s * sh.h * sh.e)
+    if mlp_chunks == 1:
         return working
     return working + tiled_weight_grad_bytes(sh, sh.mlp_params)
 

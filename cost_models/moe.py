@@ -13,7 +13,13 @@ router + shared + k experts.
 Expert parallelism (``Candidate.ep``): the ep consecutive ranks of an EP group (SP and DP ranks alike: all hold
 distinct tokens) hold E / ep experts each. Every MoE layer sends each local token's k copies to the ranks of its
 experts (dispatch) and the expert outputs back (combine): 2 all-to-alls in the forward, 2 in the backward (their
-gradients), 2 more when the policy recomputes the MLP. Expert states are sharded by ep first, then by ZeRO over
+gradients), 2 more for the forward the experts op re-runs in its backward, 2 more when the policy recomputes the
+MLP.
+
+What the compiler runs (compiler/experts.py): the routed experts are one custom op that saves only its inputs
+and re-runs its forward under autograd in its backward, whatever the checkpointing policy. So its backward
+recomputes the routed experts' forward (:func:`recomputed_expert_flops`) and its exchanges, and ends holding the
+layer's local expert weight gradients beside autograd's stacking of them (:func:`expert_grad_bytes`). Expert states are sharded by ep first, then by ZeRO over
 the sp x dp / ep ranks that hold the same experts (the expert-data-parallel group); the rest of the model is
 sharded by ZeRO over all sp x dp ranks as for a dense model.
 
@@ -27,10 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CAPACITY_FACTOR", "EXPERT_KEPT_PER_WIDTH", "INDEX_BYTES", "MoeShape", "PERMUTATION_COPIES", "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
-           "check_spec", "dispatch_buffer_bytes", "dispatch_bytes", "expert_params", "expert_state_bytes",
+__all__ = ["CAPACITY_FACTOR", "EXPERT_LIVE_PER_WIDTH", "INDEX_BYTES", "MoeShape", "OP_PERMUTATION_COPIES",
+           "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
+           "dispatch_buffer_bytes", "dispatch_bytes", "expert_grad_bytes", "expert_params", "expert_state_bytes",
            "gathered_layer_params", "imbalance_flops_forward", "kept_bytes_per_token", "layout", "mean_active_ffn",
-           "mean_router_params", "moe_layer_kept", "moe_mlp_params", "optimizer_params", "transient_bytes_per_token"]
+           "mean_routed_ffn", "mean_router_params", "moe_layer_kept", "op_transient", "optimizer_params",
+           "recomputed_expert_flops", "router_kept", "transient_bytes_per_token"]
 
 CAPACITY_FACTOR = 1.25
 """Tokens the most loaded rank of an EP group receives, relative to the mean (s x k copies per rank). Switch
@@ -44,10 +52,12 @@ ROUTER_FIXED_BYTES_PER_EXPERT = 4
 INDEX_BYTES = 8
 """The top-k expert indices (int64) kept per token copy."""
 
-PERMUTATION_COPIES = 3
-"""h-wide tensors a routed token copy keeps for the backward: its gathered input (the expert's first matmul), the
-expert's output (multiplied by the routing weight) and the weighted output (which the combine's ``index_add_``
-keeps), measured on Hugging Face's Qwen3-MoE and Mixtral blocks by studies/moe_costs.py."""
+OP_PERMUTATION_COPIES = 5
+"""h-wide tensors per routed token copy the compiler's experts op holds at its backward's peak: the gathered rows,
+the experts' outputs (their concatenation and its reordering), the weighted output, and the gradients of those
+being back-propagated. A least-squares fit of the op's allocated backward peak over five shapes gives 5.1 at 4,096
+tokens and 4.6 at 8,192 (studies/moe_costs.py, "experts op backward"); 5 whole tensors are priced. (Hugging Face's eager blocks keep 3
+from their forward instead: gathered input, expert output, weighted output.)"""
 
 
 def _m(model) -> int:
@@ -73,6 +83,14 @@ def mean_active_ffn(model) -> float:
         return float(model.ffn_hidden)
     moe = model.experts_per_token * model.expert_ffn_hidden + model.shared_ffn_hidden
     return (model.moe_layers * moe + (model.n_layers - model.moe_layers) * model.ffn_hidden) / model.n_layers
+
+
+def mean_routed_ffn(model) -> float:
+    """The part of :func:`mean_active_ffn` that the routed experts make up, k x f_e in MoE layers averaged over
+    all layers: the width the compiler's experts op runs (it keeps none of it for the backward)."""
+    if not model.n_experts:
+        return 0.0
+    return model.moe_layers * model.experts_per_token * model.expert_ffn_hidden / model.n_layers
 
 
 def mean_router_params(model) -> float:
@@ -160,24 +178,25 @@ def optimizer_params(ms: MoeShape | None, n_params: float, stage: int) -> float:
 
 # --- activations --------------------------------------------------------------------------------------------------
 
-EXPERT_KEPT_PER_WIDTH = {"none": 4, "selective": 2}
-"""Elements per token copy and unit of f_e an expert keeps (the analytic dense MLP's: gate, SiLU, up and their
-product under none; gate and up under selective)."""
+EXPERT_LIVE_PER_WIDTH = 3
+"""Elements per token copy and unit of f_e the experts op holds while it back-propagates its recomputed forward
+(the analytic MLP's recompute-phase live set: gate, up and the down projection's input)."""
+
+
+def router_kept(ms: MoeShape, e: int) -> float:
+    """Bytes per local token the router of one MoE layer keeps for its backward: its logits (E, training dtype, kept
+    for the auxiliary loss and the softmax backward), its fp32 probabilities (4E B) and the top-k indices (8k B)."""
+    return ms.E * e + ROUTER_FIXED_BYTES_PER_EXPERT * ms.E + INDEX_BYTES * ms.k
 
 
 def moe_layer_kept(ms: MoeShape, e: int, policy: str) -> float:
-    """Bytes per local token one MoE layer keeps beyond a dense MLP of the active width (mean_active_ffn), under
-    ``policy``: the router's logits (E, training dtype, kept for the auxiliary loss and the softmax backward), its
-    fp32 probabilities (4E B) and top-k indices (8k B), and the permutation buffers: each token copy's gathered
-    input, its expert output and the weighted output (:data:`PERMUTATION_COPIES` x k x h). With ep > 1 the busiest rank holds CF times
-    the expert-side tensors: the permutation buffers and the experts' intermediates (the profile charges the mean,
-    this the margin's extra share). sequence/full recompute the MLP: 0."""
+    """Bytes per local token one MoE layer keeps beyond a dense MLP of its shared width under ``policy``: the
+    router's (:func:`router_kept`) under none/selective; sequence/full recompute the router too: 0. The routed
+    experts keep nothing: the compiler's experts op saves its inputs only (the MLP input, counted with the layer,
+    and the top-k weights and indices) and rebuilds the rest in its backward (:func:`op_transient`)."""
     if policy in ("sequence", "full"):
         return 0.0
-    permutation = PERMUTATION_COPIES * ms.k * ms.h
-    intermediates = EXPERT_KEPT_PER_WIDTH[policy] * ms.k * ms.fe
-    router = ms.E * e + ROUTER_FIXED_BYTES_PER_EXPERT * ms.E + INDEX_BYTES * ms.k
-    return router + ms.cf * permutation * e + (ms.cf - 1.0) * intermediates * e
+    return router_kept(ms, e)
 
 
 def kept_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
@@ -188,12 +207,23 @@ def kept_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
     return ms.moe_layers / ms.L * moe_layer_kept(ms, e, policy)
 
 
+def op_transient(ms: MoeShape, e: int) -> float:
+    """Bytes per local token the experts op rebuilds in its backward on top of the profile's MLP phase: the
+    permutation tensors of each token copy (:data:`OP_PERMUTATION_COPIES` x k x h) and, with ep > 1, the busiest
+    rank's margin on them and on the experts' live set (the profile charges the mean)."""
+    permutation = OP_PERMUTATION_COPIES * ms.k * ms.h
+    live = EXPERT_LIVE_PER_WIDTH * ms.k * ms.fe
+    return ms.cf * permutation * e + (ms.cf - 1.0) * live * e
+
+
 def transient_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
-    """Bytes per local token a MoE layer's backward holds on top of the profile's MLP phase: the router and
-    permutation tensors its recompute rebuilds (sequence, full; the other policies keep them already)."""
-    if ms is None or policy not in ("sequence", "full"):
+    """Bytes per local token a MoE layer's backward holds on top of the profile's MLP phase: what the experts op
+    rebuilds (:func:`op_transient`, every policy) and, under sequence/full, the router tensors the recompute
+    rebuilds (the other policies keep them)."""
+    if ms is None:
         return 0.0
-    return moe_layer_kept(ms, e, "none")
+    router = router_kept(ms, e) if policy in ("sequence", "full") else 0.0
+    return op_transient(ms, e) + router
 
 
 # --- communication ------------------------------------------------------------------------------------------------
@@ -216,8 +246,9 @@ def a2a_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
 
 
 def all_to_alls_per_layer(recomputed_forwards: int) -> int:
-    """Dispatch + combine in the forward and in the backward (4), and 2 more per recomputed MLP forward."""
-    return 4 + 2 * recomputed_forwards
+    """Dispatch + combine in the forward, again in the forward the experts op re-runs in its backward, and their
+    gradients (6), and 2 more per recomputed MLP forward (the policy's layer recompute)."""
+    return 6 + 2 * recomputed_forwards
 
 
 def dispatch_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
@@ -226,6 +257,33 @@ def dispatch_buffer_bytes(ms: MoeShape | None, s: float, e: int) -> float:
     if ms is None or ms.ep <= 1:
         return 0.0
     return s * ms.k * ms.h * e * ms.cf
+
+
+def recomputed_expert_flops(ms: MoeShape | None, s: float) -> float:
+    """Matmul FLOPs the experts op's backward recomputes in one micro-batch on one GPU: the routed experts' forward
+    (s x k token copies through m h x f_e matmuls per MoE layer; the busiest EP rank's margin with ep > 1), which
+    the op re-runs because it saves only its inputs. A tiled MLP's recompute (flops.recompute_flops) already counts
+    it; 0 for a dense model."""
+    if ms is None:
+        return 0.0
+    return ms.cf * 2.0 * s * ms.k * ms.m * ms.h * ms.fe * ms.moe_layers
+
+
+def expert_grad_bytes(ms: MoeShape | None, e: int, chunks: int) -> tuple[float, float]:
+    """(held while a token piece's backward runs, held when the op's backward ends) bytes of the routed experts'
+    weight gradients in one MoE layer's backward (weight dtype, e bytes).
+
+    Per expert, autograd makes its gradients as the expert's matmuls are differentiated, then stacks them into
+    the op's two gradients: the gate/up stack (the (m - 1) / m of the weights) is made while every expert's
+    pieces are alive, so the op ends at (1 + (m - 1) / m) x the layer's E / ep experts' weights. In token pieces
+    (``chunks`` > 1, the MLP tiling knob) the first piece's gradients become the sums the later pieces add into:
+    one more copy, held through every later piece. Measured by allocation events on the op (fp32, few tokens):
+    1.68x whole, 2.68x in pieces (tests/compiler/test_experts_backward.py)."""
+    if ms is None:
+        return 0.0, 0.0
+    weights = ms.expert_layer_params / ms.ep * e
+    sums = weights if chunks > 1 else 0.0
+    return sums, sums + weights * (1.0 + (ms.m - 1) / ms.m)
 
 
 def imbalance_flops_forward(ms: MoeShape | None, s: float) -> float:

@@ -240,14 +240,16 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     ==========  ==================================  ==============  ===========
     """
     h, q, k, f, a, V = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden, model.n_heads, model.vocab
+    routed = 0.0  # of f, the width the routed experts' op runs: it keeps nothing and recomputes in its backward
     if model.n_experts:  # a mixture of experts is priced as the dense MLP a token runs through (cost_models/moe.py)
         f = moe.mean_active_ffn(model)
+        routed = moe.mean_routed_ffn(model)
     mlp = (3 if model.gated_mlp else 2) * h * f + moe.mean_router_params(model)
     lse, rms = 4 * a, 8
     core = q + 2 * q   # q and the two layouts of the attention output (k, v are the kv part)
     kept_attn = (Elems(4 * h + core, 2 * k, lse + rms), Elems(2 * h + core, 2 * k, lse),
                  Elems(h + core, 2 * k, lse), Elems(h, 0, 0))
-    kept_mlp = (Elems(4 * f), Elems(2 * f), Elems(), Elems())
+    kept_mlp = (Elems(4 * (f - routed)), Elems(2 * (f - routed)), Elems(), Elems())
     full_fixed = lse + rms   # full recompute rebuilds the layer's fp32 side tensors too
     re_mlp = (Elems(), Elems(3 * h), Elems(3 * h), Elems(3 * h + 3 * q, 2 * k, full_fixed))
     re_attn = (Elems(), Elems(h), Elems(h), Elems(h + 2 * q, 2 * k, full_fixed))
@@ -256,7 +258,9 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     # same), so the MLP holds the gate and up outputs and the down projection's input (3f) plus that input's
     # gradient (f); the gate and up gradients overwrite the gate and up outputs. Unfused eager autograd holds
     # up to 6f (graph profile: the eager upper bound).
-    mlp_live = (Elems(), Elems(f), Elems(3 * f), Elems(3 * f))
+    # The routed experts of a mixture of experts (compiler/experts.py) save only their input and rebuild their
+    # inner tensors in their own backward under every policy: the recompute phase's live set, 3 per unit of width.
+    mlp_live = (Elems(3 * routed), Elems(f - routed + 3 * routed), Elems(3 * f), Elems(3 * f))
     bias = (q + 2 * k) if model.qkv_bias else 0
     emb = V * h
     capped, cap_fwd, cap_bwd = softcap.logit_extra(model)  # Gemma 2's final-logit soft-capping

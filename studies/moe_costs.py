@@ -2,25 +2,35 @@
 
     python -m studies.moe_costs              # ~1 minute on 2 cores (4 gloo processes)
 
-Three rows per configuration, each "predicted / measured":
+Rows per configuration, each "predicted / measured":
 
-1. **router and permutation buffers** (cost_models/moe.py ``moe_layer_kept`` plus the active-width MLP terms of
-   the analytic profile): the bytes a Hugging Face ``Qwen3MoeSparseMoeBlock`` and ``MixtralSparseMoeBlock`` (tiny
-   configs, fp32, eager, the transformers installed) save for their backward, counted with
+1. **saved for backward** (the router's tensors of cost_models/moe.py ``moe_layer_kept`` plus the analytic
+   profile's MLP terms outside the routed experts): the bytes a Hugging Face ``Qwen3MoeSparseMoeBlock`` and
+   ``MixtralSparseMoeBlock`` (tiny configs, fp32) save for their backward with their experts running the
+   compiler's experts op (compiler/experts.py, what ``autosp.compile`` installs), counted with
    ``torch.autograd.graph.saved_tensors_hooks`` and de-duplicated by storage, leaving out parameters and the block
-   input (the layer's kept set counts it already);
-2. **dispatch all-to-all volume** (``moe.dispatch_bytes``): 4 gloo processes each route their own tokens with the
+   input (the layer's kept set counts it already). The block's own eager experts are measured beside it: they
+   keep their inner tensors, which the op rebuilds in its backward instead;
+2. **backward peak** (``memory.mlp_phase_bytes`` under ``none``, with ``moe.transient_bytes_per_token`` and
+   ``moe.expert_grad_bytes``): the most bytes the op-backed block's backward holds at once (allocation events),
+   at a few tokens (the expert weight gradients dominate) and at many (the tokens do), for the tiny config and for
+   one with wider experts (h 128, f_e 512), whose weights outweigh the block's small fixed tensors;
+3. **dispatch all-to-all volume** (``moe.dispatch_bytes``): 4 gloo processes each route their own tokens with the
    block's real router (top-k of the softmax), sort the token copies by the rank owning their expert (ep = 2 and
    4, experts split evenly) and exchange them with ``all_to_all_single``; measured: the bytes each rank sends to
    other ranks (mean and busiest), predicted: s x k x h x e x (ep-1)/ep, and at the busiest rank the capacity
    factor margin;
-3. **expert states** (``moe.expert_state_bytes``): each rank keeps the E/ep experts of its EP group and, for ZeRO
+4. **expert states** (``moe.expert_state_bytes``): each rank keeps the E/ep experts of its EP group and, for ZeRO
    stage 1 / 2 over the world/ep ranks holding the same experts, the AdamW states (and gradients) of its 1/(world/ep)
    partition of them; measured: the bytes of the tensors it really holds after one AdamW step.
 
-None of this runs the compiler's expert parallelism (branch ``moec``): the dispatch here is plain
-torch.distributed, and the compiled EP step's memory and all-to-all timing need that branch (and a GPU for time).
-Writes studies/results/moe_costs.{txt,json}.
+Then, once: **the experts op's backward per token**, the op alone (weights negligible) over five shapes, its
+allocated backward peak per token fitted by least squares to a x k x f_e + b x k x h + c x h elements, next to the
+cost model's coefficients (the profile's live set and input gradient of the routed width, 3 + 1;
+``moe.OP_PERMUTATION_COPIES``; the MLP phase's 2 h).
+
+The dispatch of row 3 is plain torch.distributed, not the op's exchanges; the compiled EP step's all-to-all timing
+needs a GPU. Writes studies/results/moe_costs.{txt,json}.
 """
 
 from __future__ import annotations
@@ -56,7 +66,8 @@ def _spec(config: dict):
         return model_from_hf_config(path)
 
 
-def _block(config: dict):
+def _block(config: dict, op: bool = False):
+    """The tiny MoE block, its experts running the compiler's experts op when ``op``."""
     import torch
     from transformers import AutoConfig
 
@@ -69,14 +80,18 @@ def _block(config: dict):
     block = Block(cfg).float()
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.5)
+    if op:
+        from autosp.compiler.experts import prepare_experts
+
+        prepare_experts(block, 1)
     return block
 
 
-def saved_bytes_per_token(config: dict) -> tuple[float, dict]:
+def saved_bytes_per_token(config: dict, op: bool = True) -> tuple[float, dict]:
     """Bytes per token the MoE block saves for backward (measured), and what they are."""
     import torch
 
-    block = _block(config)
+    block = _block(config, op)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     x = torch.randn(1, TOKENS, config["hidden_size"], requires_grad=True)
     seen, kinds = {}, {}
@@ -96,15 +111,77 @@ def saved_bytes_per_token(config: dict) -> tuple[float, dict]:
 
 
 def predicted_saved_bytes(spec) -> tuple[float, float]:
-    """(analytic MLP kept set at the active width, MoE extras) per token of one MoE layer, fp32, policy none."""
+    """(analytic MLP kept set outside the routed experts, router) per token of one MoE layer, fp32, policy none."""
     from autosp.cost_models import moe
     from autosp.cost_models.profile import analytic_profile
     from autosp.contract.specs import Candidate
 
     prof = analytic_profile(spec)
-    mlp = prof.kept_mlp[0].other * 4                      # 4 x (k x f_e) elements, fp32
+    mlp = prof.kept_mlp[0].other * 4                      # 4 x the shared width (none here), fp32
     extra = moe.moe_layer_kept(moe.layout(spec, Candidate(sp=1)), 4, "none")
     return mlp, extra
+
+
+def _wide(config: dict) -> dict:
+    """``config`` with h = 128 and experts 512 wide: the expert weights outweigh the block's small fixed tensors."""
+    key = "moe_intermediate_size" if config["model_type"] == "qwen3_moe" else "intermediate_size"
+    return {**config, "hidden_size": 128, key: 512}
+
+
+def backward_peak(config: dict, tokens: int) -> int:
+    """The most bytes the op-backed block's backward holds at once over ``tokens`` tokens (fp32, CPU)."""
+    import torch
+
+    from studies.measure.memory import allocated_peak
+
+    block = _block(config, op=True)
+    x = torch.randn(1, tokens, config["hidden_size"], requires_grad=True)
+    out = block(x)
+    out = out[0] if isinstance(out, tuple) else out
+    return allocated_peak(lambda: out.backward(torch.ones_like(out)))
+
+
+def predicted_backward_peak(spec, tokens: int) -> float:
+    """The cost model's MLP backward phase of one MoE layer over ``tokens`` tokens, fp32, policy none."""
+    from autosp.cost_models import memory, moe
+    from autosp.cost_models.shapes import Shapes
+    from autosp.contract.specs import Candidate, Workload
+
+    sh = Shapes(spec, Workload(tokens, dtype="fp32"), Candidate(sp=1, checkpointing="none"))
+    return memory.mlp_phase_bytes(sh, "none", 1, moe.transient_bytes_per_token(sh.moe, sh.e, "none"))
+
+
+OP_FIT_SHAPES = ((128, 512, 2), (128, 1024, 2), (256, 512, 2), (128, 512, 4), (64, 256, 1))  # (h, f_e, k), 4 experts
+OP_FIT_TOKENS = 4096
+
+
+def op_backward_fit() -> dict:
+    """The experts op's allocated backward peak per token (weights left out) over :data:`OP_FIT_SHAPES`, fitted to
+    a x k x f_e + b x k x h + c x h elements."""
+    import numpy as np
+    import torch
+
+    from autosp.compiler.experts import moe_experts
+    from studies.measure.memory import allocated_peak
+
+    gen = torch.Generator().manual_seed(SEED)
+    rows, per_token = [], []
+    for h, fe, k in OP_FIT_SHAPES:
+        experts = 4
+        hidden = torch.randn(OP_FIT_TOKENS, h, generator=gen, requires_grad=True)
+        index = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(OP_FIT_TOKENS)])
+        weights = torch.rand(OP_FIT_TOKENS, k, generator=gen, requires_grad=True)
+        gate_up = torch.randn(experts, 2 * fe, h, generator=gen, requires_grad=True)
+        down = torch.randn(experts, h, fe, generator=gen, requires_grad=True)
+        out = moe_experts(hidden, index, weights, gate_up, down, "", "silu", 1)
+        peak = allocated_peak(lambda: out.backward(torch.ones_like(out)))
+        weight_grads = (1 + 2 / 3) * experts * 3 * h * fe * 4   # moe.expert_grad_bytes' end of the op
+        rows.append((k * fe, k * h, h))
+        per_token.append((peak - weight_grads) / OP_FIT_TOKENS / 4)
+    coef = np.linalg.lstsq(np.array(rows, float), np.array(per_token), rcond=None)[0]
+    return {"shapes": [dict(h=h, f_e=fe, k=k, elements_per_token=round(p, 1))
+                       for (h, fe, k), p in zip(OP_FIT_SHAPES, per_token)],
+            "fit": {"k_fe": float(coef[0]), "k_h": float(coef[1]), "h": float(coef[2])}}
 
 
 # --- the gloo part --------------------------------------------------------------------------------------------
@@ -196,20 +273,31 @@ def main() -> int:
     from autosp.contract.specs import Candidate
 
     report, lines = {}, ["MoE cost terms: predicted by the cost model vs measured on CPU (fp32, transformers "
-                         "eager blocks, gloo world 4); ratio = predicted / measured", ""]
+                         "blocks with autosp's experts op, gloo world 4); ratio = predicted / measured", ""]
     for name, config in (("qwen3_moe", TINY_QWEN3_MOE), ("mixtral", TINY_MIXTRAL)):
         spec = _spec(config)
         measured, kinds = saved_bytes_per_token(config)
+        eager, _ = saved_bytes_per_token(config, op=False)
         mlp, extra = predicted_saved_bytes(spec)
         lines.append(f"{name}: h={spec.hidden} E={spec.n_experts} k={spec.experts_per_token} "
                      f"f_e={spec.expert_ffn_hidden}, {TOKENS} tokens per rank")
-        lines.append(f"  saved for backward per token (MoE block)  predicted {mlp + extra:8.0f} B "
-                     f"(experts {mlp:.0f} + router/permutation {extra:.0f})  measured {measured:8.0f} B  "
-                     f"ratio {(mlp + extra) / measured:.3f}   by dtype {', '.join(f'{k} {v:.0f}' for k, v in kinds.items())}")
+        lines.append(f"  saved for backward per token (MoE block, experts op)  predicted {mlp + extra:6.0f} B "
+                     f"(shared MLP {mlp:.0f} + router {extra:.0f})  measured {measured:6.0f} B  "
+                     f"ratio {(mlp + extra) / measured:.3f}   by dtype {', '.join(f'{k} {v:.0f}' for k, v in kinds.items())};"
+                     f"  the block's eager experts keep {eager:.0f} B")
+        peaks = []
+        for label, variant in (("", config), (" (h 128, f_e 512)", _wide(config))):
+            variant_spec = _spec(variant)
+            for tokens in (64, TOKENS * 8):
+                peak, pred = backward_peak(variant, tokens), predicted_backward_peak(variant_spec, tokens)
+                lines.append(f"  backward peak{label:17s}, {tokens:5d} tokens: predicted {pred:10.0f} B  measured "
+                             f"{peak:10.0f} B  ratio {pred / peak:.3f}")
+                peaks.append({"config": label.strip() or "tiny", "tokens": tokens, "predicted": pred, "measured": peak})
         with tempfile.TemporaryDirectory() as tmp:
             rows = distributed(config, os.path.join(tmp, "rank"))
-        entry = {"saved_per_token": {"predicted": mlp + extra, "measured": measured, "by_dtype": kinds},
-                 "a2a": [], "states": []}
+        entry = {"saved_per_token": {"predicted": mlp + extra, "measured": measured, "by_dtype": kinds,
+                                     "eager_experts_measured": eager},
+                 "backward_peak": peaks, "a2a": [], "states": []}
         for ep in (2, 4):
             mine = [r for r in rows["a2a"] if r["ep"] == ep]
             ms = moe.layout(spec, Candidate(sp=WORLD, ep=ep))
@@ -234,6 +322,12 @@ def main() -> int:
                 entry["states"].append({"ep": ep, "stage": stage, "predicted": pred, "measured": measured_total})
         report[name] = entry
         lines.append("")
+    fit = op_backward_fit()
+    report["op_backward_fit"] = fit
+    c = fit["fit"]
+    lines.append(f"experts op backward, {OP_FIT_TOKENS} tokens, {len(OP_FIT_SHAPES)} shapes: elements per token "
+                 f"= {c['k_fe']:.2f} k f_e + {c['k_h']:.2f} k h + {c['h']:.2f} h (least squares); the cost model prices "
+                 f"{moe.EXPERT_LIVE_PER_WIDTH} + 1 k f_e + {moe.OP_PERMUTATION_COPIES} k h + 2 h")
     text = "\n".join(lines)
     print(text)
     from autosp.files import write_text

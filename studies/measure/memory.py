@@ -348,6 +348,28 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
                             "other_largest_blocks": sorted(before_other, reverse=True)[:6]}}
 
 
+def allocated_peak(fn) -> int:
+    """CPU: the most bytes ``fn`` holds allocated at once, on top of what existed when it started (the
+    profiler's allocation events in time order; frees of older blocks count, so a peak reached after freeing
+    older tensors is measured from below the start, never above)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    sizes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        if event.typed[0] == _EventType.Allocation:
+            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
+        stack.extend(event.children)
+    current = peak = 0
+    for _, size in sorted(sizes):
+        current += size
+        peak = max(peak, current)
+    return peak
+
+
 _STEP_MARK = "autosp.studies.optimizer_step"
 """The profiler range around the optimizer step: what allocates after its start is the step's."""
 

@@ -176,22 +176,9 @@ def test_tiled_loss_bf16_logits_upcast_like_the_model():
 
 def _allocated_peak(fn) -> int:
     """The most bytes ``fn`` holds allocated at once on the CPU (the profiler's allocation events, in order)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
+    from studies.measure.memory import allocated_peak
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    sizes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.typed[0] == _EventType.Allocation:
-            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
-        stack.extend(event.children)
-    current = peak = 0
-    for _, size in sorted(sizes):
-        current += size
-        peak = max(peak, current)
-    return peak
+    return allocated_peak(fn)
 
 
 def test_tiled_backwards_hold_one_chunk_at_a_time_as_the_cost_model_prices():

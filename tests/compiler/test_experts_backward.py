@@ -56,7 +56,7 @@ def test_the_experts_gradients_equal_a_per_row_reference_and_are_zero_for_expert
 def test_the_experts_backward_holds_one_copy_of_the_expert_weight_gradients_beside_autograds():
     """fp32, few tokens (the expert weights dominate): the op's backward peaks at 1.68x the local expert weights' bytes
     whole, 2.68x in pieces (the sums, one piece's gradients, autograd's stacking of them). It summed into zero-filled
-    copies of the weights before: 2.68x and 3.68x."""
+    copies of the weights before: 2.68x and 3.68x. The cost model prices that peak within a few percent."""
     from test_compiler_knobs_tiling import _allocated_peak
 
     from autosp.compiler.experts import moe_experts
@@ -77,3 +77,11 @@ def test_the_experts_backward_holds_one_copy_of_the_expert_weight_gradients_besi
         for t in (hidden, weights, gate_up, down):
             t.grad = None
     assert peaks[1] < 1.75 and peaks[2] < 2.75, peaks
+    # the cost model's price of it (moe.expert_grad_bytes, what the MoE layer's MLP phase holds at the op's end)
+    from autosp.cost_models import moe
+
+    shape = moe.MoeShape(E=experts, k=k, h=hidden_size, fe=inner, m=3, moe_layers=1, L=1, ep=1, world=1,
+                         expert_params=experts * 3 * hidden_size * inner)
+    for chunks, peak in peaks.items():
+        predicted = moe.expert_grad_bytes(shape, 4, chunks)[1] + tokens * hidden_size * 4
+        assert 0.95 < predicted / (peak * weight_bytes) < 1.02, (chunks, predicted / (peak * weight_bytes))
