@@ -20,7 +20,6 @@ Writes studies/results/knob_costs.{json,txt}.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 import sys
 
 from autosp.contract.specs import ModelSpec
@@ -91,30 +90,11 @@ def main(argv=None) -> int:
                              "cost model (the measurements do not depend on it)")
     args = parser.parse_args(argv)
 
-    from studies.measure import RunConfig, measure_many
-    from studies.measure.compare import RESULTS, calibrated_cpu, environment, measured, predicted, write_json
+    from studies.measure.compare import calibrated_cpu, save_study, study_rows
 
     hw = calibrated_cpu(2, args.recalibrate)
-    if args.repredict:
-        import json
-
-        old = json.loads((RESULTS / "knob_costs.json").read_text())
-        args.seq = old["seq"]
-        cfgs = [RunConfig.from_dict(r["config"]) for r in old["rows"]]
-        raw = [r.get("raw") or r for r in old["rows"]]
-    else:
-        cfgs = configs(args.seq, args.steps, args.backend)
-        print(f"measuring {len(cfgs)} settings at SP=2, {args.seq} tokens, {MODEL.name} ...", file=sys.stderr,
-              flush=True)
-        raw = measure_many(cfgs, hardware=None)
-    rows = []
-    for cfg, row in zip(cfgs, raw):
-        out = {"label": cfg.label, "status": row["status"], "config": cfg.to_dict()}
-        if row["status"] == "ok":
-            out.update(measured=measured(row), predicted=predicted(cfg, hw), raw=row)
-        else:
-            out["error"] = row.get("error")
-        rows.append(out)
+    args.seq, cfgs, rows = study_rows("knob_costs", lambda: configs(args.seq, args.steps, args.backend), hw,
+                                      args.repredict)
     table = render(rows)
     contention = max((r["measured"]["other_cpu"] or 0) for r in rows if r["status"] == "ok")
     text = (f"knob costs: {MODEL.name} ({MODEL.n_layers} layers, hidden {MODEL.hidden}, vocab {MODEL.vocab}), "
@@ -124,11 +104,7 @@ def main(argv=None) -> int:
             f"peak per rank (cost model: total minus reserve); p/m = predicted / measured; "
             f"vs none = ratio to the baseline row, measured/predicted\n"
             f"other processes used up to {100 * contention:.0f}% of the CPUs while timing\n\n{table}\n")
-    print(text)
-    write_json(RESULTS / "knob_costs.json", {"environment": environment(), "hardware": hw.name, "seq": args.seq,
-                                             "model": asdict(MODEL), "rows": rows})
-    (RESULTS / "knob_costs.txt").write_text(text, encoding="utf-8")
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return save_study("knob_costs", text, hw, args.seq, MODEL, rows)
 
 
 if __name__ == "__main__":

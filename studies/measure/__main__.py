@@ -30,7 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--backend", default="inductor", choices=("inductor", "aot_eager"))
-    p.add_argument("--impl", default="reference", choices=("reference", "hf"))
+    p.add_argument("--impl", default="reference", choices=("reference", "hf", "hf-moe"),
+                   help="the model: autosp's reference Llama, transformers' Llama, or transformers' Mixtral (a spec "
+                        "with n_experts)")
     p.add_argument("--hw", default=None, help="hardware file (catalog name or JSON file) to predict with")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON (after the ranks' logs)")
     p.add_argument("--out", help="also write the whole result as JSON to this file")

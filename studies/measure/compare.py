@@ -60,6 +60,58 @@ def measured(row: dict) -> dict:
             "spread": row["time"]["spread"], "other_cpu": row["contention"].get("other_cpu_share")}
 
 
+def rows_with_predictions(cfgs, raw: list[dict], hw: HardwareSpec) -> list[dict]:
+    """One row per configuration (a study's table): its label, status and config and, when it ran, the measured
+    figures beside the cost model's (:func:`measured`, :func:`predicted`) and the harness's raw row."""
+    rows = []
+    for cfg, row in zip(cfgs, raw):
+        out = {"label": cfg.label, "status": row["status"], "config": cfg.to_dict()}
+        if row["status"] == "ok":
+            out.update(measured=measured(row), predicted=predicted(cfg, hw), raw=row)
+        else:
+            out["error"] = row.get("error")
+        rows.append(out)
+    return rows
+
+
+def stored_rows(name: str) -> tuple[dict, list, list[dict]]:
+    """(the results file, its configurations, their raw harness rows) of ``results/<name>.json``: what a study's
+    ``--repredict`` predicts again without measuring."""
+    import json
+
+    from studies.measure.harness import RunConfig
+
+    old = json.loads((RESULTS / f"{name}.json").read_text())
+    return old, [RunConfig.from_dict(r["config"]) for r in old["rows"]], [r.get("raw") or r for r in old["rows"]]
+
+
+def study_rows(name: str, make_configs, hw: HardwareSpec, repredict: bool) -> tuple[int, list, list[dict]]:
+    """(tokens per sequence, configurations, rows with predictions) of a study: measured now (``make_configs()``,
+    one harness run), or with ``repredict`` the stored measurements of ``results/<name>.json`` predicted again."""
+    import sys
+
+    from studies.measure.harness import measure_many
+
+    if repredict:
+        old, cfgs, raw = stored_rows(name)
+        return old["seq"], cfgs, rows_with_predictions(cfgs, raw, hw)
+    cfgs = make_configs()
+    print(f"{name}: measuring {len(cfgs)} settings at SP={cfgs[0].sp}, {cfgs[0].seq_len} tokens, "
+          f"{cfgs[0].model.name} ...", file=sys.stderr, flush=True)
+    return cfgs[0].seq_len, cfgs, rows_with_predictions(cfgs, measure_many(cfgs, hardware=None), hw)
+
+
+def save_study(name: str, text: str, hw: HardwareSpec, seq: int, model, rows: list[dict]) -> int:
+    """Print a study's table and write ``results/<name>.{txt,json}``; the exit status: 0 when every row ran."""
+    from dataclasses import asdict
+
+    print(text)
+    write_json(RESULTS / f"{name}.json", {"environment": environment(), "hardware": hw.name, "seq": seq,
+                                          "model": asdict(model), "rows": rows})
+    (RESULTS / f"{name}.txt").write_text(text, encoding="utf-8")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
 def pct_error(pred: float, meas: float) -> float | None:
     """Signed error of the prediction in % of the measurement."""
     if not meas:

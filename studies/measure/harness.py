@@ -96,7 +96,7 @@ RunConfig = make_dataclass(
     # every other plan knob, with its default (autosp.contract.knobs)
     + [(k.name, k.kind, field(default=k.default)) for k in KNOBS if k.name != "sp"]
     + [("dtype", str, field(default="fp32")), ("warmup", int, field(default=2)), ("steps", int, field(default=5)),
-       # "reference" (autosp.compiler.models.llama) or "hf" (transformers Llama)
+       # "reference" (autosp.compiler.models.llama), "hf" (transformers Llama) or "hf-moe" (transformers Mixtral)
        ("backend", str, field(default="inductor")), ("impl", str, field(default="reference")),
        # intra-op threads per rank; None: cores // world (as autosp-calibrate)
        ("threads", "int | None", field(default=None)), ("label", str, field(default="")),
@@ -176,6 +176,20 @@ def _build_model(cfg: RunConfig, device):
                                  vocab_size=m.vocab, max_position_embeddings=max(cfg.seq_len, 2048),
                                  rope_theta=m.rope_theta, tie_word_embeddings=m.tied_embeddings, use_cache=False)
             return LlamaForCausalLM(config).to(torch.float32)
+        if cfg.impl == "hf-moe":  # a mixture of experts: transformers' Mixtral with the spec's routed experts
+            from transformers import MixtralConfig, MixtralForCausalLM
+
+            m = cfg.model
+            if not m.n_experts or m.shared_ffn_hidden or m.dense_layers:
+                raise ValueError("impl 'hf-moe' builds a Mixtral: a spec with n_experts, no shared experts and no "
+                                 "dense layers")
+            config = MixtralConfig(hidden_size=m.hidden, intermediate_size=m.expert_ffn_hidden,
+                                   num_local_experts=m.n_experts, num_experts_per_tok=m.experts_per_token,
+                                   num_attention_heads=m.n_heads, num_key_value_heads=m.n_kv_heads,
+                                   head_dim=m.head_dim, num_hidden_layers=m.n_layers, vocab_size=m.vocab,
+                                   max_position_embeddings=max(cfg.seq_len, 2048), rope_theta=m.rope_theta,
+                                   sliding_window=None, tie_word_embeddings=m.tied_embeddings, use_cache=False)
+            return MixtralForCausalLM(config).to(torch.float32)
         from autosp.compiler.models.llama import Llama
 
         return Llama(cfg.model)
