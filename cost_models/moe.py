@@ -14,14 +14,15 @@ Expert parallelism (``Candidate.ep``): the ep consecutive ranks of an EP group (
 distinct tokens) hold E / ep experts each. Every MoE layer sends each local token's k copies to the ranks of its
 experts (dispatch) and the expert outputs back (combine): 2 all-to-alls in the forward, 2 in the backward (their
 gradients), 2 more for the forward the experts op re-runs in its backward, 2 more when the policy recomputes the
-MLP.
+MLP. Expert states are sharded by ep first, then by ZeRO over the sp x dp / ep ranks that hold the same experts
+(the expert-data-parallel group); the rest of the model is sharded by ZeRO over all sp x dp ranks as for a dense
+model.
 
 What the compiler runs (compiler/experts.py): the routed experts are one custom op that saves only its inputs
 and re-runs its forward under autograd in its backward, whatever the checkpointing policy. So its backward
-recomputes the routed experts' forward (:func:`recomputed_expert_flops`) and its exchanges, and ends holding the
-layer's local expert weight gradients beside autograd's stacking of them (:func:`expert_grad_bytes`). Expert states are sharded by ep first, then by ZeRO over
-the sp x dp / ep ranks that hold the same experts (the expert-data-parallel group); the rest of the model is
-sharded by ZeRO over all sp x dp ranks as for a dense model.
+recomputes the routed experts' forward (:func:`recomputed_expert_flops`) and its exchanges, rebuilds their inner
+tensors (:func:`op_transient`) and ends holding the layer's local expert weight gradients beside autograd's
+stacking of them (:func:`expert_grad_bytes`).
 
 Load imbalance: Hugging Face's MoE blocks drop no token, so the most loaded rank of an EP group receives more
 than the mean s x k token copies. :data:`CAPACITY_FACTOR` is the margin priced for it (on that rank's expert
@@ -55,9 +56,9 @@ INDEX_BYTES = 8
 OP_PERMUTATION_COPIES = 5
 """h-wide tensors per routed token copy the compiler's experts op holds at its backward's peak: the gathered rows,
 the experts' outputs (their concatenation and its reordering), the weighted output, and the gradients of those
-being back-propagated. A least-squares fit of the op's allocated backward peak over five shapes gives 5.1 at 4,096
-tokens and 4.6 at 8,192 (studies/moe_costs.py, "experts op backward"); 5 whole tensors are priced. (Hugging Face's eager blocks keep 3
-from their forward instead: gathered input, expert output, weighted output.)"""
+being back-propagated. A least-squares fit of the op's allocated backward peak over five shapes gives 5.1 at
+4,096 tokens and 4.6 at 8,192 (studies/moe_costs.py, "experts op backward"); 5 whole tensors are priced.
+(Hugging Face's eager blocks keep 3 from their forward instead: gathered input, expert output, weighted output.)"""
 
 
 def _m(model) -> int:

@@ -283,7 +283,8 @@ def main() -> int:
                      f"f_e={spec.expert_ffn_hidden}, {TOKENS} tokens per rank")
         lines.append(f"  saved for backward per token (MoE block, experts op)  predicted {mlp + extra:6.0f} B "
                      f"(shared MLP {mlp:.0f} + router {extra:.0f})  measured {measured:6.0f} B  "
-                     f"ratio {(mlp + extra) / measured:.3f}   by dtype {', '.join(f'{k} {v:.0f}' for k, v in kinds.items())};"
+                     f"ratio {(mlp + extra) / measured:.3f}   by dtype "
+                     f"{', '.join(f'{k} {v:.0f}' for k, v in kinds.items())};"
                      f"  the block's eager experts keep {eager:.0f} B")
         peaks = []
         for label, variant in (("", config), (" (h 128, f_e 512)", _wide(config))):
@@ -326,7 +327,8 @@ def main() -> int:
     report["op_backward_fit"] = fit
     c = fit["fit"]
     lines.append(f"experts op backward, {OP_FIT_TOKENS} tokens, {len(OP_FIT_SHAPES)} shapes: elements per token "
-                 f"= {c['k_fe']:.2f} k f_e + {c['k_h']:.2f} k h + {c['h']:.2f} h (least squares); the cost model prices "
+                 f"= {c['k_fe']:.2f} k f_e + {c['k_h']:.2f} k h + {c['h']:.2f} h (least squares); "
+                 f"the cost model prices "
                  f"{moe.EXPERT_LIVE_PER_WIDTH} + 1 k f_e + {moe.OP_PERMUTATION_COPIES} k h + 2 h")
     text = "\n".join(lines)
     print(text)

@@ -48,7 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence (default 2048)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per setting (default 4)")
     parser.add_argument("--repredict", action="store_true",
-                        help="measure nothing: re-predict the rows of results/moe_step.json with the current cost model")
+                        help="measure nothing: re-predict the rows of results/moe_step.json with the current "
+                             "cost model")
     args = parser.parse_args(argv)
 
     from studies.knob_costs import render
