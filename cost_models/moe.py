@@ -56,8 +56,8 @@ INDEX_BYTES = 8
 OP_PERMUTATION_COPIES = 5
 """h-wide tensors per routed token copy the compiler's experts op holds at its backward's peak: the gathered rows,
 the experts' outputs (their concatenation and its reordering), the weighted output, and the gradients of those
-being back-propagated. A least-squares fit of the op's allocated backward peak over five shapes gives 5.1 at
-4,096 tokens and 4.6 at 8,192 (studies/moe_costs.py, "experts op backward"); 5 whole tensors are priced.
+being back-propagated. A least-squares fit of the op's allocated backward peak over five shapes gives 5.08 at
+4,096 tokens (``python -m studies.moe_costs``, "experts op backward"); 5 whole tensors are priced.
 (Hugging Face's eager blocks keep 3 from their forward instead: gathered input, expert output, weighted output.)"""
 
 

@@ -259,8 +259,9 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     # gradient (f); the gate and up gradients overwrite the gate and up outputs. Unfused eager autograd holds
     # up to 6f (graph profile: the eager upper bound).
     # The routed experts of a mixture of experts (compiler/experts.py) save only their input and rebuild their
-    # inner tensors in their own backward under every policy: the recompute phase's live set, 3 per unit of width.
-    mlp_live = (Elems(3 * routed), Elems(f - routed + 3 * routed), Elems(3 * f), Elems(3 * f))
+    # inner tensors in their own backward under every policy: the recompute phase's live set per unit of width.
+    rebuilt = moe.EXPERT_LIVE_PER_WIDTH * routed
+    mlp_live = (Elems(rebuilt), Elems(f - routed + rebuilt), Elems(3 * f), Elems(3 * f))
     bias = (q + 2 * k) if model.qkv_bias else 0
     emb = V * h
     capped, cap_fwd, cap_bwd = softcap.logit_extra(model)  # Gemma 2's final-logit soft-capping

@@ -55,6 +55,12 @@ def configs(seq: int, steps: int, backend: str):
                       label=label, **knobs) for label, knobs in SETTINGS]
 
 
+LEGEND = ("saved = bytes saved for backward per rank (cost model: kept activations); peak = allocated peak per "
+          "rank (cost model: total minus reserve); p/m = predicted / measured; vs none = ratio to the baseline row, "
+          "measured/predicted")
+"""What the columns of :func:`render`'s table are."""
+
+
 def render(rows: list[dict]) -> str:
     from studies.measure.compare import MIB, fmt_ratio
 
@@ -99,10 +105,7 @@ def main(argv=None) -> int:
     contention = max((r["measured"]["other_cpu"] or 0) for r in rows if r["status"] == "ok")
     text = (f"knob costs: {MODEL.name} ({MODEL.n_layers} layers, hidden {MODEL.hidden}, vocab {MODEL.vocab}), "
             f"{args.seq} tokens, SP=2, ZeRO-1, fp32, {cfgs[0].backend}, {cfgs[0].steps} timed steps; predictions "
-            f"with {hw.name}\n"
-            f"saved = bytes saved for backward per rank (cost model: kept activations); peak = allocated "
-            f"peak per rank (cost model: total minus reserve); p/m = predicted / measured; "
-            f"vs none = ratio to the baseline row, measured/predicted\n"
+            f"with {hw.name}\n{LEGEND}\n"
             f"other processes used up to {100 * contention:.0f}% of the CPUs while timing\n\n{table}\n")
     return save_study("knob_costs", text, hw, args.seq, MODEL, rows)
 

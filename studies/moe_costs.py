@@ -162,6 +162,7 @@ def op_backward_fit() -> dict:
     import torch
 
     from autosp.compiler.experts import moe_experts
+    from autosp.cost_models import moe
     from studies.measure.memory import allocated_peak
 
     gen = torch.Generator().manual_seed(SEED)
@@ -175,7 +176,9 @@ def op_backward_fit() -> dict:
         down = torch.randn(experts, h, fe, generator=gen, requires_grad=True)
         out = moe_experts(hidden, index, weights, gate_up, down, "", "silu", 1)
         peak = allocated_peak(lambda: out.backward(torch.ones_like(out)))
-        weight_grads = (1 + 2 / 3) * experts * 3 * h * fe * 4   # moe.expert_grad_bytes' end of the op
+        shape = moe.MoeShape(E=experts, k=k, h=h, fe=fe, m=3, moe_layers=1, L=1, ep=1, world=1,
+                             expert_params=experts * 3 * h * fe)
+        weight_grads = moe.expert_grad_bytes(shape, 4, 1)[1]  # what the op holds at its end, priced apart
         rows.append((k * fe, k * h, h))
         per_token.append((peak - weight_grads) / OP_FIT_TOKENS / 4)
     coef = np.linalg.lstsq(np.array(rows, float), np.array(per_token), rcond=None)[0]

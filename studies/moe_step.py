@@ -52,16 +52,15 @@ def main(argv=None) -> int:
                              "cost model")
     args = parser.parse_args(argv)
 
-    from studies.knob_costs import render
+    from studies.knob_costs import LEGEND, render
     from studies.measure.compare import calibrated_cpu, save_study, study_rows
 
     hw = calibrated_cpu(2)
     args.seq, cfgs, rows = study_rows("moe_step", lambda: configs(args.seq, args.steps), hw, args.repredict)
     text = (f"MoE step: {MODEL.name} (transformers Mixtral, {MODEL.n_layers} layers, hidden {MODEL.hidden}, "
             f"{MODEL.n_experts} experts of width {MODEL.expert_ffn_hidden}, top-{MODEL.experts_per_token}), "
-            f"{args.seq} tokens, SP=2, ZeRO-1, fp32, {cfgs[0].backend}; predictions with {hw.name}\n"
-            f"saved = bytes saved for backward per rank; peak = allocated peak per rank; p/m = predicted / measured; "
-            f"vs none = ratio to the first row, measured/predicted\n\n{render(rows)}\n")
+            f"{args.seq} tokens, SP=2, ZeRO-1, fp32, {cfgs[0].backend}; predictions with {hw.name}\n{LEGEND}\n\n"
+            f"{render(rows)}\n")
     return save_study("moe_step", text, hw, args.seq, MODEL, rows)
 
 

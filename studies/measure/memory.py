@@ -320,15 +320,12 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
         run()
     events = []
     step_start = None
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        ev = stack.pop()
+    for ev in _profiled_events(prof):
         if ev.typed[0] == _EventType.Allocation and ev.typed[1].device.type == "cpu":
             f = ev.typed[1]
             events.append((ev.start_time_ns, f.allocation_id, f.ptr, f.alloc_size, f.total_allocated))
         elif ev.name == _STEP_MARK:
             step_start = ev.start_time_ns
-        stack.extend(ev.children)
     out = {"saved": saved.summary(), "method": "torch.profiler profile_memory total_allocated", "events": len(events)}
     if not events:
         return {**out, "peak": 0, "end": 0, "at_peak": {},
@@ -348,6 +345,15 @@ def attributed_peak(forward, backward, step, module, optimizer, vocab: int, devi
                             "other_largest_blocks": sorted(before_other, reverse=True)[:6]}}
 
 
+def _profiled_events(prof):
+    """Every event of a finished ``torch.profiler.profile``, its tree walked depth first (allocations are leaves)."""
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        yield event
+        stack.extend(event.children)
+
+
 def allocated_peak(fn) -> int:
     """CPU: the most bytes ``fn`` holds allocated at once, on top of what existed when it started (the
     profiler's allocation events in time order; frees of older blocks count, so a peak reached after freeing
@@ -357,12 +363,8 @@ def allocated_peak(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    sizes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        if event.typed[0] == _EventType.Allocation:
-            sizes.append((event.start_time_ns, event.typed[1].alloc_size))
-        stack.extend(event.children)
+    sizes = [(event.start_time_ns, event.typed[1].alloc_size) for event in _profiled_events(prof)
+             if event.typed[0] == _EventType.Allocation]
     current = peak = 0
     for _, size in sorted(sizes):
         current += size

@@ -40,6 +40,8 @@ from autosp.compiler.testing import assert_within
 from autosp.contract.specs import Candidate, ModelSpec
 from autosp.errors import UsageError
 
+from studies.measure.memory import allocated_peak  # the CPU allocation-event peak the studies use
+
 # name -> (model factory, batch kwargs, candidate fields, compile kwargs)
 CASES = {
     # 15 tokens per rank (S = 30) in 4 MLP chunks of 4, 4, 4, 3
@@ -174,13 +176,6 @@ def test_tiled_loss_bf16_logits_upcast_like_the_model():
         assert g.dtype == torch.bfloat16 and (g.float() - w.float()).norm() <= 1e-2 * w.float().norm()
 
 
-def _allocated_peak(fn) -> int:
-    """The most bytes ``fn`` holds allocated at once on the CPU (the profiler's allocation events, in order)."""
-    from studies.measure.memory import allocated_peak
-
-    return allocated_peak(fn)
-
-
 def test_tiled_backwards_hold_one_chunk_at_a_time_as_the_cost_model_prices():
     """fp32, the backward alone: the tiled MLP holds four f-wide tensors per token of one chunk (the cost model's
     3f/N live + f/N gradients) besides d x (s x h) and the weight gradients its chunks add into
@@ -194,7 +189,7 @@ def test_tiled_backwards_hold_one_chunk_at_a_time_as_the_cost_model_prices():
                torch.randn(h, f, requires_grad=True)]
     out = tiled_mlp(x, weights[0], None, weights[1], None, weights[2], None, "silu", n)
     grad = torch.ones_like(out)
-    peak = _allocated_peak(lambda: out.backward(grad))
+    peak = allocated_peak(lambda: out.backward(grad))
     per_chunk_token = (peak - 4 * 3 * h * f - 4 * s * h) / (4 * (s // n) * f)
     assert per_chunk_token == pytest.approx(4.0, abs=0.02)  # f-wide fp32 tensors per token of one chunk
 
@@ -202,7 +197,7 @@ def test_tiled_backwards_hold_one_chunk_at_a_time_as_the_cost_model_prices():
     hidden, weight = torch.randn(s, h, requires_grad=True), torch.randn(V, h, requires_grad=True)
     target = torch.randint(0, V, (s,))
     loss = tiled_linear_cross_entropy(hidden, weight, None, target, -100, True, n)
-    peak = _allocated_peak(lambda: loss.backward())
+    peak = allocated_peak(lambda: loss.backward())
     assert (peak - 4 * V * h - 4 * s * h) / ((s // n) * V) == pytest.approx(4 + 12, abs=0.02)
 
 

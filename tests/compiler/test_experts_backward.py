@@ -57,7 +57,7 @@ def test_the_experts_backward_holds_one_copy_of_the_expert_weight_gradients_besi
     """fp32, few tokens (the expert weights dominate): the op's backward peaks at 1.68x the local expert weights' bytes
     whole, 2.68x in pieces (the sums, one piece's gradients, autograd's stacking of them). It summed into zero-filled
     copies of the weights before: 2.68x and 3.68x. The cost model prices that peak within a few percent."""
-    from test_compiler_knobs_tiling import _allocated_peak
+    from studies.measure.memory import allocated_peak
 
     from autosp.compiler.experts import moe_experts
 
@@ -73,7 +73,7 @@ def test_the_experts_backward_holds_one_copy_of_the_expert_weight_gradients_besi
     for chunks in (1, 2):
         out = moe_experts(hidden, index, weights, gate_up, down, "", "silu", chunks)
         grad = torch.ones_like(out)
-        peaks[chunks] = _allocated_peak(lambda: out.backward(grad)) / weight_bytes
+        peaks[chunks] = allocated_peak(lambda: out.backward(grad)) / weight_bytes
         for t in (hidden, weights, gate_up, down):
             t.grad = None
     assert peaks[1] < 1.75 and peaks[2] < 2.75, peaks
