@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from autosp.errors import UsageError
+from autosp.errors import InfeasibleError, UsageError
 
 ALST_PINS = (("ring", 1), ("sequence_chunks", 1), ("offload_chunks", False), ("mlp_chunks", 1), ("loss_chunks", 1),
              ("overlap", "none"), ("offload_activations", False), ("ep", 1))
@@ -60,35 +60,45 @@ def _score(plan) -> float:
 
 def plan_alst(request, plan_for, options):
     """(the best ALST plan, autosp's own plan) for ``request``; ``plan_for`` is the planner's entry point.
-    Tries each checkpointing policy ALST has (unless pinned) and, when the best plan's SP size is one ALST
-    refuses, pins the largest it accepts."""
+
+    ALST's space is autosp's with :data:`ALST_PINS` and checkpointing ``none`` or ``full``: one search per
+    policy ALST has (the policy pinned, unless the request pins one), the best that fits wins. Pinning
+    ``ring=1`` already keeps the SP sizes to those ALST accepts (the space's layout rule for a Ulysses degree
+    is DeepSpeed's head check, :func:`alst_sp_sizes`). A policy under which nothing fits is no answer, but
+    not the end of the search: an InfeasibleError only when no policy fits, naming the leanest ALST plan and
+    what it would need; a UsageError when the request's pins leave ALST nothing to search."""
     _pins(request)  # a pin ALST cannot keep: one line, before any search
-    autosp_plan = plan_for(request, options)
-    model = autosp_plan.model
-    world = autosp_plan.candidate.dp * autosp_plan.candidate.sp
-    sizes = alst_sp_sizes(model.n_heads, model.n_kv_heads, world)
-    given = dict(request.fix if not isinstance(request.fix, dict) else request.fix.items())
-    policies = [given["checkpointing"]] if "checkpointing" in given else list(CHECKPOINTING)
-    best = None
+    given = dict(request.fix)
+    # full first: when nothing fits, its leanest plan (the leanest ALST can run) is the one the error names
+    policies = [given["checkpointing"]] if "checkpointing" in given else list(reversed(CHECKPOINTING))
+    best, infeasible, refused = None, [], []
     for policy in policies:
-        extra = {"checkpointing": policy}
-        plan = _try(plan_for, request, options, extra)
-        if plan is not None and plan.candidate.sp not in sizes:
-            plan = _try(plan_for, request, options, {**extra, "dp": world // sizes[0]}) if sizes else None
-        if plan is not None and (best is None or _score(plan) > _score(best)):
+        try:
+            plan = plan_for(dataclasses.replace(request, fix=_pins(request, checkpointing=policy)), options)
+        except InfeasibleError as err:
+            infeasible.append(err)
+            continue
+        except UsageError as err:  # these pins leave nothing to search under this policy
+            refused.append(err)
+            continue
+        if best is None or _score(plan) > _score(best):
             best = plan
-    if best is None:
-        raise UsageError("no plan ALST can run fits this request (Ulysses only, SP dividing the heads); "
-                         "autosp's own plan: run it with autosp-train or autosp.hf")
-    return best, autosp_plan
+    autosp_plan = _autosp_plan(request, plan_for, options)
+    if best is not None:
+        return best, autosp_plan or best
+    if not infeasible:
+        raise refused[0]
+    theirs = (f"; autosp's own plan fits ({autosp_plan.candidate.short()}): run it with autosp-train or autosp.hf"
+              if autosp_plan is not None else "")
+    raise InfeasibleError(f"--backend alst: {infeasible[0]}{theirs}")
 
 
-def _try(plan_for, request, options, extra):
+def _autosp_plan(request, plan_for, options):
+    """autosp's own plan for ``request`` (the gain line's other side), or None when nothing fits it either."""
     try:
-        plan = plan_for(dataclasses.replace(request, fix=_pins(request, **extra)), options)
-    except UsageError:
-        return None  # nothing fits under these pins
-    return plan if plan.estimate.fits else None
+        return plan_for(request, options)
+    except InfeasibleError:
+        return None
 
 
 def gain_line(alst, autosp_plan) -> str:

@@ -64,3 +64,27 @@ def test_max_ctx_gain_and_refusals(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "a").exists()
+
+
+def test_a_policy_under_which_nothing_fits_does_not_end_the_search(tmp_path, capsys):
+    """Llama-3.1-8B at 128k tokens on h100x8: with ALST's knobs and checkpointing none nothing fits (103.4 GiB
+    per GPU), with full checkpointing a plan does; the search goes on to it. At 1M tokens nothing ALST can run
+    fits: exit 3 with the leanest ALST plan and the cluster it would need, and nothing written."""
+    acc, out = tmp_path / "acc.yaml", tmp_path / "p.json"
+    common = ["--model", "llama-3.1-8b", "--hw", "h100x8", "--no-cache", "--backend", "alst"]
+    assert plan_main([*common, "--ctx", "128k", "--accelerate-config", str(acc), "--plan-out", str(out)]) == 0
+    capsys.readouterr()
+    plan = json.loads(out.read_text())
+    assert plan["candidate"]["checkpointing"] == "full" and acc.exists()
+    memory = sum(plan["estimate"]["memory"].values())
+    assert memory <= plan["estimate"]["capacity_bytes"]
+    assert plan["candidate"]["sp"] in alst_sp_sizes(32, 8, 8)
+
+    far = tmp_path / "far.yaml"
+    assert plan_main([*common, "--ctx", "1m", "--accelerate-config", str(far)]) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "--backend alst: no plan fits" in err and "ckpt:full" in err and "needs" in err
+    assert "(--nodes 2)" in err and "autosp's own plan fits" in err
+    assert not far.exists() and not far.with_suffix(".deepspeed.json").exists()
+    assert plan_main([*common, "--ctx", "1m", "--nodes", "2"]) == 0  # the cluster the error named fits
