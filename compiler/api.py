@@ -61,19 +61,8 @@ def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None,
             candidate = Candidate(sp=sp_size, **overrides)
         except ValueError as err:
             raise UsageError(str(err)) from None
-    _refuse_unbuilt_knobs(candidate)
     _refuse_impossible_combinations(candidate)
     return candidate, source
-
-
-def _refuse_unbuilt_knobs(candidate: Candidate) -> None:
-    """Knobs the plan schema carries that this compiler cannot build yet: refuse rather than ignore them
-    (a knob the compiler ignores makes the planner lie)."""
-    unbuilt = [f"{name}={getattr(candidate, name)}" for name, off in
-               ()
-               if getattr(candidate, name) != off]
-    if unbuilt:
-        raise UsageError(f"this autosp cannot compile {', '.join(unbuilt)} yet; re-plan without it")
 
 
 def _refuse_impossible_combinations(candidate: Candidate) -> None:

@@ -178,10 +178,6 @@ def _ring_pg(program: LayerProgram):
     return ops._group(program.ring_group) if program.ring > 1 else None
 
 
-def _position(pg) -> int:
-    return pg.rank() if pg is not None else 0
-
-
 # --- the attention inside the layer program ----------------------------------------------------------------
 _ACTIVE: list = []
 

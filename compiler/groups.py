@@ -55,14 +55,6 @@ class Layout:
     def dp_rank(self) -> int:
         return self.rank // self.candidate.sp
 
-    @property
-    def ulysses_rank(self) -> int:
-        return self.sp_rank % self.candidate.ulysses
-
-    @property
-    def ring_rank(self) -> int:
-        return self.sp_rank // self.candidate.ulysses
-
 
 def _new_group(ranks: list[int], world: int):
     return dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD

@@ -79,10 +79,6 @@ def supported(hw: HardwareSpec) -> str | None:
     return None
 
 
-def _table(values, fn) -> dict:
-    return {v: fn(v) for v in values}
-
-
 def _pick(keys: np.ndarray, table: dict) -> np.ndarray:
     """table[key] for each key of ``keys`` (small non-negative integers: a lookup array indexed by the keys)."""
     if not table:

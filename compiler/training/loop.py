@@ -64,12 +64,6 @@ class Trainer:
         """Micro-steps trained so far (the data position a checkpoint records)."""
         return self.micro_index
 
-    def data_state(self) -> dict:
-        """What a checkpoint records to resume the data exactly: the micro-steps consumed and the source's
-        fingerprint (the resumed run checks that its own source gives the same one)."""
-        fingerprint = getattr(self.source, "fingerprint", None)
-        return {"micro_steps": self.micro_steps, "source": fingerprint() if fingerprint else None}
-
     def train_step(self) -> dict:
         engine = self.engine
         accum = engine.candidate.grad_accum

@@ -98,9 +98,6 @@ class LayerAnalysis:
     def in_mlp(self, module: str) -> bool:
         return any(module == c or module.startswith(c + ".") for c in self.mlp_children)
 
-    def in_attn(self, module: str) -> bool:
-        return any(module == c or module.startswith(c + ".") for c in self.attn_children)
-
     # classes ---------------------------------------------------------------------------------------
     def _classify(self):
         ops = self.tr.ops
