@@ -71,10 +71,9 @@ def expert_params(model) -> int:
 
 
 def active_params(model) -> int:
-    """Parameters one token uses: every parameter but the n_experts - k routed experts it skips per MoE layer."""
-    skipped = model.moe_layers * (model.n_experts - model.experts_per_token) * _m(model) * model.hidden \
-        * model.expert_ffn_hidden
-    return model.n_params() - skipped
+    """Parameters one token uses: every parameter but the n_experts - k routed experts it skips per MoE layer
+    (the model's own count, ModelSpec.n_params)."""
+    return model.n_params(active=True)
 
 
 def mean_active_ffn(model) -> float:

@@ -12,6 +12,7 @@ Schema (``schema_version`` 2)::
       "created_at": "2026-12-02T12:00:00+00:00",
       "objective": "throughput" | "max-ctx",
       "model": {ModelSpec fields},
+      "parameters": {"total", "active_per_token"},
       "hardware": {HardwareSpec fields, "accelerator": {AcceleratorSpec fields}},
       "workload": {Workload fields},
       "candidate": {Candidate fields},
@@ -21,8 +22,10 @@ Schema (``schema_version`` 2)::
       "runner_ups": [{"candidate": {...}, "estimate": {...}, "lost_because": "..."}]
     }
 
-Readers reject a newer ``schema_version`` than they know, unknown fields and missing fields with a
-one-line error. Version history: 2 added the candidate fields ``ring``, ``sequence_chunks``,
+``parameters`` is derived from ``model`` (:meth:`ModelSpec.n_params`: all of them, and those one token uses,
+fewer for a mixture of experts) for people reading the file; readers recompute it, so plans written before it
+read as they did. Readers reject a newer ``schema_version`` than they know, unknown fields and missing fields
+with a one-line error. Version history: 2 added the candidate fields ``ring``, ``sequence_chunks``,
 ``offload_chunks`` and ``offload_param``; a version-1 plan reads as version 2 with their defaults
 (pure Ulysses, unchunked layers, no chunk or parameter offload), which is what it ran.
 """
@@ -75,12 +78,21 @@ class Plan:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        data = {}
+        for name, value in asdict(self).items():
+            data[name] = value
+            if name == "model":
+                data["parameters"] = parameter_counts(self.model)
         data["runner_ups"] = [asdict(r) for r in self.runner_ups]
         return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+
+def parameter_counts(model: ModelSpec) -> dict:
+    """The plan's ``parameters`` section: the model's parameter count, and the part one token uses."""
+    return {"total": model.n_params(), "active_per_token": model.n_params(active=True)}
 
 
 def estimate_from_dict(data: dict) -> Estimate:
@@ -137,5 +149,5 @@ def save_plan(plan: Plan, path: str | os.PathLike, flag: str = "") -> None:
     write_text(path, plan.to_json(), flag)
 
 
-__all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "load_plan", "plan_from_dict",
-           "save_plan"]
+__all__ = ["OBJECTIVES", "SCHEMA_VERSION", "Plan", "RunnerUp", "estimate_from_dict", "load_plan", "parameter_counts",
+           "plan_from_dict", "save_plan"]

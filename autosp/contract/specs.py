@@ -184,10 +184,12 @@ class ModelSpec:
             attn += self.q_dim + 2 * self.kv_dim
         return attn + 2 * h
 
-    def layer_params(self) -> int:
+    def layer_params(self, active: bool = False) -> int:
         """Parameters of one decoder layer (attention, MLP and its two norms); of a mixture-of-experts layer
-        (every expert, the router and the shared experts) when the model has any."""
-        mlp = moe_mlp_params(self) if self.n_experts else (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
+        (every expert, the router and the shared experts; ``active``: the routed experts one token uses) when
+        the model has any."""
+        mlp = moe_mlp_params(self, active) if self.n_experts else \
+            (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
         return self.attention_params() + mlp
 
     def embedding_params(self) -> int:
@@ -195,11 +197,13 @@ class ModelSpec:
         emb = self.vocab * self.hidden
         return emb * (1 if self.tied_embeddings else 2) + self.hidden
 
-    def n_params(self) -> int:
+    def n_params(self, active: bool = False) -> int:
+        """All the model's parameters; ``active``: those one token uses (a mixture of experts' routed experts
+        it skips left out; the same count for a dense model)."""
         if not self.n_experts:
             return self.n_layers * self.layer_params() + self.embedding_params()
         dense = self.attention_params() + (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
-        return (self.moe_layers * self.layer_params() + (self.n_layers - self.moe_layers) * dense
+        return (self.moe_layers * self.layer_params(active) + (self.n_layers - self.moe_layers) * dense
                 + self.embedding_params())
 
     def fingerprint(self) -> str:

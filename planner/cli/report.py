@@ -127,14 +127,33 @@ def expert_row(plan) -> str:
     return f"ep = {c.ep}   ({m.n_experts // c.ep} experts per GPU, {shard}; {active})"
 
 
+def _count(n: int) -> str:
+    """A parameter count as model cards write it, three significant figures: 8.03B, 46.7B, 494M, 558K."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        shown = f"{n / scale:.3g}"
+        if float(shown) >= 1:  # after rounding: 999,999,999 is 1B, not 1e+03M
+            return shown + unit
+    return str(n)
+
+
+def parameters_text(model) -> str:
+    """The model's parameter count for the report's header, and for a mixture of experts the part one token
+    uses (the plan JSON's ``parameters`` section)."""
+    from autosp.contract.plan import parameter_counts
+
+    counts = parameter_counts(model)
+    total, active = counts["total"], counts["active_per_token"]
+    return f"{_count(total)} parameters" + (f", {_count(active)} active per token" if active != total else "")
+
+
 def render(plan, written: tuple[str, ...] = (), encoding: str | None = "utf-8") -> str:
     uni = _unicode_ok(encoding)
     dot = " · " if uni else " | "
     times = "×" if uni else "x"
     w, m = plan.workload, plan.model
     lines = []
-    head = (f"autosp plan: {m.name} at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) on {_hw_line(plan.hardware)}"
-            f"{dot}{w.dtype}{dot}objective {plan.objective}"
+    head = (f"autosp plan: {m.name} ({parameters_text(m)}) at {format_tokens(w.seq_len)} tokens ({w.seq_len:,}) "
+            f"on {_hw_line(plan.hardware)}{dot}{w.dtype}{dot}objective {plan.objective}"
             + ("" if getattr(w, "compile_backend", "inductor") == "inductor" else f"{dot}compile backend {w.compile_backend}"))
     lines.append(head)
     if plan.objective == "max-ctx":

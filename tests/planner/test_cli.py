@@ -27,9 +27,9 @@ def test_main_command_prints_the_plan_and_its_evidence(tmp_path):
     out = run("--model", "llama", "--ctx", "200k", "--hw", "h100x8", tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    for needle in ("autosp plan: llama-3.1-8b at 200k tokens (200,000)", "sequence parallel (Ulysses)",
-                   "Memory per GPU", "parameters", "activations", "logits + loss", "total", "step time",
-                   "tokens/s", "MFU", "Runner-ups", "Search", "cache miss"):
+    for needle in ("autosp plan: llama-3.1-8b (8.03B parameters) at 200k tokens (200,000)",
+                   "sequence parallel (Ulysses)", "Memory per GPU", "parameters", "activations", "logits + loss",
+                   "total", "step time", "tokens/s", "MFU", "Runner-ups", "Search", "cache miss"):
         assert needle in text, needle
     assert out.stderr == ""
     again = run("--model", "llama", "--ctx", "200000", "--hw", "h100x8", tmp_path=tmp_path)

@@ -44,3 +44,31 @@ def test_a_version_1_plan_reads_with_the_new_knobs_off(tmp_path):
     data["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(UsageError, match="newer"):
         plan_from_dict(data)
+
+
+@pytest.mark.parametrize("model, total, active, header", [
+    # public counts: Llama-3.1-8B model card 8.03B; Mixtral 46.7B total / 12.9B per token (mistral.ai);
+    # Qwen3-30B-A3B model card 30.5B total / 3.3B activated (ours counts 3.35B: within 2%)
+    ("llama-3.1-8b", 8.03e9, 8.03e9, "llama-3.1-8b (8.03B parameters) at 32k tokens"),
+    ("mixtral-8x7b", 46.7e9, 12.9e9, "mixtral-8x7b (46.7B parameters, 12.9B active per token) at 32k tokens"),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9, "qwen3-30b-a3b (30.5B parameters, 3.35B active per token) at 32k tokens"),
+])
+def test_the_plan_and_its_report_show_the_parameter_count(model, total, active, header):
+    """The plan JSON's ``parameters`` and the report's header carry the model's own count
+    (ModelSpec.n_params; cost_models.moe.active_params for a mixture of experts); a plan written before the
+    section reads as before and gains it when written again."""
+    import autosp
+    from autosp.cost_models import moe
+    from autosp.planner.cli.report import render
+
+    plan = autosp.plan(autosp.PlanRequest(model=model, ctx="32k", hw="h100x8"), cache=False)
+    data = json.loads(plan.to_json())
+    assert data["parameters"] == {"total": plan.model.n_params(), "active_per_token": moe.active_params(plan.model)}
+    assert abs(data["parameters"]["total"] / total - 1) < 0.005
+    assert abs(data["parameters"]["active_per_token"] / active - 1) < 0.02
+    assert header in render(plan).splitlines()[0]
+
+    del data["parameters"]  # a plan file written before the section
+    old = plan_from_dict(data)
+    assert old == plan_from_dict(json.loads(plan.to_json())) == plan
+    assert json.loads(old.to_json())["parameters"] == json.loads(plan.to_json())["parameters"]
