@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "examples", "tiny-llama")
 
@@ -18,8 +20,23 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sp-size", type=int, default=2, help="sequence-parallel degree (default 2)")
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps (default 4)")
-    p.add_argument("--out", default="example-out", help="output directory (checkpoints)")
+    p.add_argument("--output-dir", default=default_output_dir(),
+                   help="where the trained model is saved (default: %(default)s)")
     return p
+
+
+def default_output_dir() -> str:
+    """Where an example saves its model unless told: the system's temporary folder (``$TMPDIR``), one directory
+    per script, the same on every rank of a machine; never the directory it is run from (the checkout)."""
+    script = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    return os.path.join(tempfile.gettempdir(), "autosp-examples", script)
+
+
+def save(trainer, output_dir: str) -> None:
+    """Save the trained model (rank 0 writes it) and say where."""
+    trainer.save_model(output_dir)
+    if trainer.is_world_process_zero():
+        print(f"saved the trained model to {output_dir}")
 
 
 def on_gpu() -> bool:

@@ -1,15 +1,16 @@
 """autosp.hf.Trainer: a Hugging Face Trainer that trains sequence-parallel through autosp.
 
-CPU, tiny model, 2 processes:   torchrun --nproc-per-node 2 examples/hf_trainer.py
-GPUs, a real model:             torchrun --nproc-per-node 8 examples/hf_trainer.py --model meta-llama/Llama-3.1-8B \\
-                                    --sp-size 8 --seq 65536
+CPU, tiny model, 2 processes:   .venv/bin/torchrun --nproc-per-node 2 examples/hf_trainer.py
+GPUs, a real model:             .venv/bin/torchrun --nproc-per-node 8 examples/hf_trainer.py \\
+                                    --model meta-llama/Llama-3.1-8B --sp-size 8 --seq 65536
+The model is saved to --output-dir (default: a folder under the system's temporary one, printed at the end).
 Every rank loads the whole batch; autosp shards each sequence over the SP group (docs/hf-trainers.md).
 """
 
 from __future__ import annotations
 
 import torch
-from common import backend, load_model, load_tokenizer, on_gpu, parser, words
+from common import backend, load_model, load_tokenizer, on_gpu, parser, save, words
 from transformers import TrainingArguments
 
 import autosp.hf
@@ -33,7 +34,7 @@ def main() -> None:
                 "labels": torch.tensor([pad(r["labels"], -100) for r in rows]),
                 "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows])}
 
-    training = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=1,
+    training = TrainingArguments(output_dir=args.output_dir, max_steps=args.steps, per_device_train_batch_size=1,
                                  gradient_accumulation_steps=2, learning_rate=1e-4, logging_steps=1,
                                  per_device_eval_batch_size=1, bf16=on_gpu(), use_cpu=not on_gpu(),
                                  save_strategy="no", report_to=[], disable_tqdm=True)
@@ -41,7 +42,7 @@ def main() -> None:
                                 data_collator=collate, sp_size=args.sp_size, backend=backend())
     trainer.train()
     print("eval loss", trainer.evaluate()["eval_loss"])
-    trainer.save_model(args.out)  # loads with AutoModelForCausalLM.from_pretrained(args.out)
+    save(trainer, args.output_dir)  # loads with AutoModelForCausalLM.from_pretrained(args.output_dir)
 
 
 if __name__ == "__main__":
