@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from autosp.errors import InfeasibleError, UsageError
 from autosp.messages import install_hint
 
-__all__ = ["Launch", "ModelFacts", "check_host_memory", "check_numbers", "check_parallel", "hf_model_class",
+__all__ = ["MAX_NODES", "Launch", "ModelFacts", "check_host_memory", "check_numbers", "check_parallel", "hf_model_class",
            "launch_from_env", "model_facts", "open_tokens"]
 
 OVERRIDES = (("n_layers", "--layers"), ("hidden", "--hidden"), ("n_heads", "--heads"), ("n_kv_heads", "--kv-heads"),
@@ -30,12 +30,24 @@ INT64_BYTES = 8
 @dataclass(frozen=True)
 class Launch:
     """The processes of this run: from torchrun / the deepspeed launcher (``RANK`` ... in the
-    environment), from ``--nproc-per-node`` (autosp-train starts them), or this process alone."""
+    environment), from ``--nproc-per-node`` (autosp-train starts them, on this node of ``--nnodes``), or this
+    process alone."""
 
     world: int
     rank: int = 0
     local_world: int = 1
-    launcher: str = "none"  # "env" (torchrun, deepspeed), "spawn" (--nproc-per-node), "none"
+    launcher: str = "none"  # "env" (torchrun, deepspeed), "spawn" (--nproc-per-node / --nnodes), "none"
+    nodes: object = None  # a NodeGroup (autosp.compiler.multinode) when autosp-train starts one node of several
+
+    @property
+    def nnodes(self) -> int:
+        return self.world // self.local_world
+
+    def shape(self) -> str:
+        """How the launch was asked for, in its flags: ``--nnodes 2 x --nproc-per-node 4``."""
+        if self.nnodes > 1:
+            return f"--nnodes {self.nnodes} x --nproc-per-node {self.local_world}"
+        return f"--nproc-per-node {self.local_world}"
 
 
 def _env_int(name: str, default: int | None = None) -> int:
@@ -50,17 +62,64 @@ def _env_int(name: str, default: int | None = None) -> int:
         raise UsageError(f"the launcher set {name}={value!r}, not an integer") from None
 
 
-def launch_from_env(nproc_per_node: int | None) -> Launch:
+MAX_NODES = 65_536
+MAX_PROCS_PER_NODE = 1024
+
+
+def _check_range(value, low: int, high: int, flag: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise UsageError(f"{flag} must be between {low} and {high:,}, got {value}")
+
+
+def _node_group(nproc: int, nnodes: int | None, node_rank: int | None, master_addr: str | None,
+                master_port: int | None, timeout_s: int | None):
+    """This node's NodeGroup for ``--nnodes K`` > 1 (None for one node), its flags checked."""
+    from autosp.compiler import multinode
+
+    nnodes = nnodes or 1
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank {node_rank} is out of range for --nnodes {nnodes}: number the nodes 0.."
+                         f"{nnodes - 1} (0 is the node at --master-addr)")
+    _check_range(master_port, 1, 65_535, "--master-port")
+    _check_range(timeout_s, 1, 86_400, "--rdzv-timeout")
+    if nnodes == 1:
+        return None
+    if node_rank is None or not master_addr or not master_addr.strip():
+        missing = " and ".join(flag for flag, given in (("--node-rank R", node_rank is not None),
+                                                        ("--master-addr HOST", master_addr and master_addr.strip()))
+                               if not given)
+        others = "1" if nnodes == 2 else f"1..{nnodes - 1}"
+        raise UsageError(f"--nnodes {nnodes} needs {missing} on every node, as torchrun takes them (--node-rank 0 on "
+                         f"the node at --master-addr, which every node must reach, {others} on the others)")
+    return multinode.NodeGroup(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr.strip(),
+                               master_port=master_port or multinode.DEFAULT_PORT,
+                               timeout_s=timeout_s or multinode.DEFAULT_TIMEOUT_S)
+
+
+def launch_from_env(nproc_per_node: int | None, nnodes: int | None = None, node_rank: int | None = None,
+                    master_addr: str | None = None, master_port: int | None = None,
+                    rdzv_timeout: int | None = None) -> Launch:
+    """The launch: torchrun's or the deepspeed launcher's environment, else the flags (``--nproc-per-node N``,
+    with ``--nnodes K --node-rank R --master-addr HOST --master-port P`` for one node of several)."""
+    _check_range(nproc_per_node, 1, MAX_PROCS_PER_NODE, "--nproc-per-node")
+    _check_range(nnodes, 1, MAX_NODES, "--nnodes")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         world = _env_int("WORLD_SIZE")
-        local = _env_int("LOCAL_WORLD_SIZE", world)
+        local = _env_int("LOCAL_WORLD_SIZE", _env_int("LOCAL_SIZE", world))  # torchrun's name, deepspeed's
+        rank = _env_int("RANK")
         if nproc_per_node is not None and nproc_per_node != local:
             raise UsageError(f"--nproc-per-node {nproc_per_node} disagrees with the launcher's {local} processes per "
                              "node; drop --nproc-per-node when torchrun or deepspeed starts the processes")
-        return Launch(world=world, rank=_env_int("RANK"), local_world=local, launcher="env")
+        if (nnodes is not None and nnodes * local != world) or (node_rank is not None and node_rank != rank // local):
+            raise UsageError(f"--nnodes/--node-rank disagree with the launcher's {world} processes, {local} per node "
+                             f"(this is rank {rank}); drop them when torchrun or deepspeed starts the processes")
+        return Launch(world=world, rank=rank, local_world=local, launcher="env")
+    nodes = _node_group(nproc_per_node or 1, nnodes, node_rank, master_addr, master_port, rdzv_timeout)
+    if nodes is not None:
+        local = nproc_per_node or 1  # torchrun's default too
+        return Launch(world=nodes.nnodes * local, rank=nodes.node_rank * local, local_world=local, launcher="spawn",
+                      nodes=nodes)
     if nproc_per_node is not None:
-        if not 1 <= nproc_per_node <= 1024:
-            raise UsageError(f"--nproc-per-node must be between 1 and 1024, got {nproc_per_node}")
         return Launch(world=nproc_per_node, local_world=nproc_per_node, launcher="spawn")
     return Launch(world=1)
 
@@ -189,13 +248,16 @@ def check_parallel(candidate, facts: ModelFacts, launch: Launch, plan_path: str 
     need = candidate.sp * candidate.dp
     if launch.world != need:
         what = f"{plan_path} needs" if plan_path else f"sp {candidate.sp} x dp {candidate.dp} needs"
+        nnodes = launch.nnodes
         if launch.launcher == "env":
             how = f"relaunch with {need} processes (e.g. torchrun --nproc-per-node {need} -m autosp.compiler.train_cli ...)"
+        elif nnodes > 1 and need % nnodes == 0:
+            how = f"start each of the {nnodes} nodes with --nproc-per-node {need // nnodes}"
         else:
-            how = (f"run autosp-train --nproc-per-node {need} ... on one machine, or torchrun --nnodes K "
-                   f"--nproc-per-node {need}/K -m autosp.compiler.train_cli ... on K")
+            how = (f"run autosp-train --nproc-per-node {need} ... on one machine, or --nnodes K --nproc-per-node "
+                   f"{need}/K on each of K machines")
         raise UsageError(f"{what} {need} processes (sp {candidate.sp} x dp {candidate.dp}) and this launch has "
-                         f"{launch.world}: {how}")
+                         f"{launch.world}{f' ({launch.shape()})' if launch.launcher == 'spawn' else ''}: {how}")
     spec = facts.spec
     ulysses = getattr(candidate, "ulysses", candidate.sp)
     if spec.n_heads % ulysses:

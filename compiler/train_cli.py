@@ -1,13 +1,18 @@
 """``autosp-train``: train a causal LM sequence-parallel under a plan, printing loss, step time and peak
 memory per optimizer step.
 
-One process per device; on one machine autosp-train starts them itself, on several a launcher does
-(every process gets the same arguments)::
+One process per device; autosp-train starts them itself, on one machine or on each of several (the
+rendezvous flags are torchrun's), or a launcher does (every process gets the same arguments)::
 
     autosp-train --nproc-per-node 4 --plan plan.json --steps 20
+    autosp-train --nnodes 2 --node-rank 0 --master-addr HOST --nproc-per-node 4 --plan plan.json   # on HOST
+    autosp-train --nnodes 2 --node-rank 1 --master-addr HOST --nproc-per-node 4 --plan plan.json   # on the other
     torchrun --nnodes 2 --nproc-per-node 4 ... -m autosp.compiler.train_cli --plan plan.json --steps 20
-    deepspeed --num_gpus 4 $(which autosp-train) --plan plan.json --steps 20
+    deepspeed --hostfile hosts --num_gpus 4 $(which autosp-train) --plan plan.json --steps 20
     autosp-train --model llama-3.2-1b --layers 2 --sp 1 --ctx 2k      # one process
+
+``autosp-plan ... --emit slurm job.sbatch`` writes the Slurm job of a plan (``srun`` running the
+``--nnodes`` form on every node), ``--emit hostfile hosts`` the deepspeed launcher's hostfile.
 
 Everything that can be checked without the model (the plan's process count against the launch, heads
 against the SP degree, the data file, the log path, host memory for the weights) is checked first, once
@@ -72,13 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="autosp-train",
         description="Train a causal LM sequence-parallel (Ulysses x Ring) under DeepSpeed, as a plan says: one process "
-                    "per device, started by --nproc-per-node N on one machine, or by torchrun or the deepspeed "
-                    "launcher on several machines.",
+                    "per device, started by --nproc-per-node N on one machine, by --nnodes K --node-rank R "
+                    "--master-addr HOST on each of K machines, or by torchrun or the deepspeed launcher.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  autosp-train --nproc-per-node 8 --plan plan.json --steps 50\n"
                "  autosp-train --nproc-per-node 2 --model llama-3.2-1b --layers 2 --sp 2 --ctx 4k --dtype fp32 "
                "--backend aot_eager\n"
+               "  autosp-train --nnodes 2 --node-rank 0 --master-addr HOST --nproc-per-node 8 --plan plan.json   # on "
+               "HOST\n"
+               "  autosp-train --nnodes 2 --node-rank 1 --master-addr HOST --nproc-per-node 8 --plan plan.json   # on "
+               "the other node\n"
+               "  autosp-plan --model llama-3.1-8b --ctx 4M --hw h100x32 --emit slurm job.sbatch && sbatch job.sbatch"
+               "   # Slurm\n"
                "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:29500 -m autosp.compiler.train_cli "
                "--plan plan.json\n"
                "  autosp-train --nproc-per-node 8 --plan plan.json --steps 1000 --data corpus.jsonl --tokenizer ./model "
@@ -122,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start N training processes on this machine (one per GPU; the plan's sp x dp); not "
                           "needed under torchrun or the deepspeed launcher")
     run.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    nodes = parser.add_argument_group(
+        "several machines (torchrun's static rendezvous: run the same command on every node, each with its own "
+        "--node-rank; the nodes check that they agree before any model is built)")
+    nodes.add_argument("--nnodes", type=int, metavar="K", help="machines in the run (default 1)")
+    nodes.add_argument("--node-rank", type=int, metavar="R", help="this machine's number, 0..K-1 (0: the one at "
+                                                                  "--master-addr); under Slurm $SLURM_NODEID")
+    nodes.add_argument("--master-addr", metavar="HOST", help="node 0's address, reachable from every node")
+    nodes.add_argument("--master-port", type=int, metavar="P", help="a free TCP port on node 0 (default 29500)")
+    nodes.add_argument("--rdzv-timeout", type=int, metavar="S",
+                       help="seconds the nodes wait for each other at the start before giving up with one line "
+                            "(default 600)")
     from autosp.compiler.training import options  # text data, schedule, evaluation, TensorBoard
 
     options.add_arguments(parser)
@@ -230,7 +252,8 @@ def _preflight(args, argv):
     from autosp.compiler.training import options
 
     options.check(args)
-    launch = preflight.launch_from_env(args.nproc_per_node)
+    launch = preflight.launch_from_env(args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr,
+                                       args.master_port, args.rdzv_timeout)
     if args.log_json:
         from autosp.files import check_output
 
@@ -247,8 +270,10 @@ def _preflight(args, argv):
         raise UsageError("give --ctx (the sequence length)")
     facts = preflight.model_facts(args, plan)
     if plan is None and launch.world % args.sp:
-        raise UsageError(f"--sp {args.sp} needs a multiple of {args.sp} processes and this launch has {launch.world}: "
-                         f"use --nproc-per-node {args.sp} (or a multiple) on one machine")
+        how = (f"--nproc-per-node {args.sp} (or a multiple) on one machine" if launch.nnodes == 1 else
+               f"an --nnodes x --nproc-per-node that is a multiple of {args.sp}")
+        raise UsageError(f"--sp {args.sp} needs a multiple of {args.sp} processes and this launch has {launch.world}"
+                         f"{f' ({launch.shape()})' if launch.nnodes > 1 else ''}: use {how}")
     candidate, _ = resolve_candidate(plan, args.sp, launch.world, zero_stage=None if plan else args.zero,
                                      micro_batch=None if plan else (args.micro_batch or 1),
                                      grad_accum=None if plan else args.grad_accum,
@@ -267,7 +292,7 @@ def _preflight(args, argv):
             raise UsageError("--doc-sep packs the documents of a token file: give --data FILE")
         args.separators = packing.separators(args.doc_sep, facts.hf_config, facts.spec.vocab)
         packing.check_separators(tokens, args.data, args.separators)
-    show = launch.rank == 0 and not os.environ.get("AUTOSP_TRAIN_DATA_SAID")
+    show = (launch.rank == 0 or launch.launcher == "spawn") and not os.environ.get("AUTOSP_TRAIN_DATA_SAID")
     args.prepared = options.prepare_data(args, facts, seq, show=show)  # text tokenized (or read from the cache)
     from autosp.compiler.training import run_checkpoints
 
@@ -301,10 +326,13 @@ def main(argv=None) -> int:
     launch, plan, candidate, facts, seq, tokens = _preflight(args, argv)
     args.backend = args.backend or default_backend(plan)
     if launch.launcher == "spawn":
-        from autosp.compiler.train_launch import run_processes, without_nproc_flag
+        from autosp.compiler.train_launch import run_processes, without_launch_flags
 
         os.environ["AUTOSP_TRAIN_DATA_SAID"] = "1"  # the children find the data this preflight prepared: no repeat
-        return run_processes(launch.world, main, without_nproc_flag(argv))
+        agree = {"nnodes": launch.nnodes, "nproc_per_node": launch.local_world,  # what the nodes must share
+                 "plan": f"{candidate.short()} at {seq} tokens"}
+        return run_processes(launch.local_world, main, without_launch_flags(argv), nodes=launch.nodes,
+                             node_facts=agree)
     import warnings
 
     import torch

@@ -6,12 +6,22 @@ already run once in the parent, so bad input is one line before anything starts.
 environment torchrun would give them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``/``MASTER_PORT`` on a free loopback port). When one exits with an error, the others are
 stopped (they would wait for it in a collective until the process group times out) and its exit code is
-returned; its one-line message is already on stderr. Several machines: use torchrun.
+returned; its one-line message is already on stderr.
+
+Several machines (``--nnodes K --node-rank R --master-addr HOST --master-port P``): each node runs this
+launcher for its ``--nproc-per-node`` ranks; the nodes first meet through torch's static rendezvous
+(:mod:`autosp.compiler.multinode`), which also checks that they were launched alike, and rank ``i`` of node
+``R`` becomes global rank ``R * nproc_per_node + i`` with the environment torchrun would give it. A rank that
+fails on one node stops the ranks of every node (told through the rendezvous store).
 
 Signals. SIGTERM or SIGINT to the launcher is forwarded to every rank (they finish the step, save a checkpoint
 when ``--save-dir`` is given, and exit: :mod:`autosp.compiler.training.signals`), and the launcher waits for
-them. Each rank dies with the launcher when the launcher is killed outright (SIGKILL, the OOM killer): on Linux
-the kernel sends it SIGKILL (``prctl(PR_SET_PDEATHSIG)``), elsewhere a watchdog thread polls the parent pid.
+them, however long the save takes. The ranks of all nodes agree after every step whether any of them was
+signalled, so a signal that reaches one node's launcher (or Slurm's, which reaches every process of the job's
+steps) stops every node after the same step.
+
+Each rank dies with the launcher when the launcher is killed outright (SIGKILL, the OOM killer): on Linux the
+kernel sends it SIGKILL (``prctl(PR_SET_PDEATHSIG)``), elsewhere a watchdog thread polls the parent pid.
 """
 
 from __future__ import annotations
@@ -25,9 +35,10 @@ from multiprocessing.connection import wait
 
 from autosp.errors import AutospError
 
-__all__ = ["free_port", "run_processes", "without_nproc_flag"]
+__all__ = ["LAUNCH_FLAGS", "free_port", "run_processes", "without_launch_flags"]
 
 STOP_GRACE_S = 10.0
+POLL_S = 1.0  # how often a node of a multi-node run asks whether another node failed
 
 
 def free_port() -> int:
@@ -36,15 +47,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def without_nproc_flag(argv: list[str]) -> list[str]:
-    """``argv`` minus ``--nproc-per-node N`` / ``--nproc-per-node=N`` (the children must not spawn again)."""
+LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-timeout")
+
+
+def without_launch_flags(argv: list[str]) -> list[str]:
+    """``argv`` minus the launch's flags (``--nproc-per-node N``, ``--nnodes K=...``): the children are started
+    ranks, which must not start processes again."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--nproc-per-node":
+        elif arg in LAUNCH_FLAGS:
             skip = True
-        elif not arg.startswith("--nproc-per-node="):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in LAUNCH_FLAGS)):
             out.append(arg)
     return out
 
@@ -70,25 +85,39 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _child(rank: int, world: int, port: int, threads: int, main, argv: list[str], parent: int) -> None:
+def _child(env: dict, threads: int, main, argv: list[str], parent: int) -> None:
     _die_with_parent(parent)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(env)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     from autosp.guard import run_command
 
     sys.exit(run_command("autosp-train", main, argv))
 
 
-def run_processes(world: int, main, argv: list[str]) -> int:
+def _loopback_env(rank: int, world: int, port: int) -> dict:
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
+
+
+def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dict | None = None) -> int:
     """Run ``main(argv)`` (autosp-train's, a module-level function: spawn pickles it by name) on ``world``
-    local processes, each under :mod:`autosp.guard`; 0 when all succeed, else the first failure's code."""
+    local processes, each under :mod:`autosp.guard`; 0 when all succeed, else the first failure's code.
+    ``nodes``: this node's :class:`~autosp.compiler.multinode.NodeGroup` when the run spans several
+    machines (``node_facts`` is what the nodes compare before any rank starts)."""
+    link = None
+    if nodes is not None:
+        from autosp.compiler.multinode import join
+
+        link = join(nodes, node_facts or {})  # one line on every node when they cannot meet or disagree
+        envs = [link.worker_env(local, world) for local in range(world)]
+    else:
+        port = free_port()
+        envs = [_loopback_env(rank, world, port) for rank in range(world)]
     context = multiprocessing.get_context("spawn")
-    port = free_port()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // world)
-    procs = [context.Process(target=_child, args=(rank, world, port, threads, main, argv, os.getpid()),
-                             name=f"autosp-train-{rank}") for rank in range(world)]
+    procs = [context.Process(target=_child, args=(envs[local], threads, main, argv, os.getpid()),
+                             name=f"autosp-train-{envs[local]['RANK']}") for local in range(world)]
     received = []
 
     def forward(signum, frame):  # the ranks decide what a signal means (finish the step, save, exit)
@@ -101,23 +130,33 @@ def run_processes(world: int, main, argv: list[str]) -> int:
                     pass
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    failed = None
+    failed, peer = None, None
     try:
         for proc in procs:
             proc.start()
         running = list(procs)
-        while running:
-            for sentinel in wait([p.sentinel for p in running]):
+        while running and peer is None:
+            for sentinel in wait([p.sentinel for p in running], timeout=POLL_S if link else None):
                 proc = next(p for p in running if p.sentinel == sentinel)
                 proc.join()
                 running.remove(proc)
                 if proc.exitcode and failed is None:
                     failed = proc
+                    if link is not None:  # the other nodes' ranks would wait for this one: they stop too
+                        link.report_failure(f"{nodes.node_rank} {envs[procs.index(proc)]['RANK']} {proc.exitcode}")
                     if not received or proc.exitcode not in (-received[0], 128 + received[0]):
                         _stop(running)  # a rank failed on its own: the others would wait for it forever
+            if link is not None and running and failed is None:
+                peer = link.peer_failure()
+                if peer is not None:
+                    _stop(running)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if link is not None:
+            link.finish()
+    if peer is not None:
+        raise _peer_failure(peer)
     if failed is None:
         return 0
     if received and failed.exitcode in (-received[0], 128 + received[0]):  # stopped by the forwarded signal
@@ -125,11 +164,26 @@ def run_processes(world: int, main, argv: list[str]) -> int:
             raise KeyboardInterrupt
         print(f"autosp-train: stopped by {signal.Signals(received[0]).name}", file=sys.stderr, flush=True)
         return 128 + received[0]
+    rank = envs[procs.index(failed)]["RANK"]
     if failed.exitcode < 0:  # killed by a signal: nobody printed anything
         name = signal.Signals(-failed.exitcode).name if -failed.exitcode in signal.valid_signals() else "?"
-        raise AutospError(f"training process {procs.index(failed)} was killed by {name}"
+        raise AutospError(f"training process {rank} was killed by {name}"
                           + (" (the kernel does this when host memory runs out)" if name == "SIGKILL" else ""))
-    return failed.exitcode  # the process printed its one line
+    return failed.exitcode  # the process printed its one line (rank 0 does, for bad input)
+
+
+def _peer_failure(report: str):
+    """The error this node ends with when another node's rank failed (``"NODE RANK CODE"``) or node 0 left."""
+    from autosp.compiler.multinode import PeerFailure
+
+    parts = report.split()
+    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
+        return PeerFailure(f"{report}; stopped this node's training processes", 1)
+    node, rank, code = (int(p) for p in parts)
+    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+    how = f"was killed by {name}" if code < 0 else f"exited with code {code}"
+    return PeerFailure(f"training process {rank} on node {node} {how} (that node's output says why); stopped this "
+                       "node's training processes", code if 0 < code < 128 else 1)
 
 
 def _stop(procs) -> None:

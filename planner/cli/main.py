@@ -78,6 +78,11 @@ subcommands (autosp-plan SUBCOMMAND --help):
                             autosp-plan explain --model llama-3.1-8b --ctx 1M --hw h100x8 --fix sp=8 --fix zero_stage=3
                             autosp-plan explain plan.json --ctx 2M
 
+multi-node jobs (--emit KIND FILE; the plan goes to --plan-out, else beside FILE as FILE's stem + .plan.json):
+  autosp-plan --model llama-3.1-8b --ctx 4M --hw h100x32 --emit slurm job.sbatch     # then: sbatch job.sbatch --steps 1000
+  autosp-plan --model llama-3.1-8b --ctx 4M --hw h100x32 --emit hostfile hosts       # its comments: the deepspeed command
+  by hand, on each of K nodes: autosp-train --nnodes K --node-rank R --master-addr NODE0 --nproc-per-node G --plan plan.json
+
 batch sizes:
   without --global-batch each data-parallel replica trains micro-batch sequences per step
   (grad accum 1). The DeepSpeed config (--ds-config) counts train_batch_size over all dp*sp ranks
@@ -185,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the plan JSON (docs/plan-schema.md) and nothing else")
     out.add_argument("--plan-out", metavar="PATH", help="write the plan JSON to PATH (autosp.compile reads it)")
     out.add_argument("--ds-config", metavar="PATH", help="write the DeepSpeed config JSON to PATH")
+    out.add_argument("--emit", nargs=2, action="append", metavar=("KIND", "FILE"),
+                     help="write the job that runs the plan: 'slurm FILE' an sbatch script (srun + autosp-train "
+                          "--nnodes, SIGTERM before the time limit), 'hostfile FILE' the deepspeed launcher's "
+                          "hostfile; with the plan at --plan-out, else beside FILE (repeatable; see below)")
     alst = p.add_argument_group("ALST (DeepSpeed Ulysses inside Hugging Face Accelerate; planner/alst.py)")
     alst.add_argument("--backend", choices=("autosp", "alst"), default="autosp",
                       help="alst: the best plan ALST can run (Ulysses only, SP dividing the heads, no autosp-only "
@@ -256,6 +265,9 @@ def main(argv=None) -> int:
     for path, flag in ((args.plan_out, "--plan-out"), (args.ds_config, "--ds-config")):
         if path is not None:  # "" too: a path was asked for
             check_output_path(path, flag)
+    from autosp.planner.cli import emit
+
+    emits = emit.check_emits(args.emit, args.plan_out, args.ds_config)  # before any search, like the paths above
 
     from autosp.planner.api import RunOptions, plan_for
     from autosp.planner.request import PlanRequest
@@ -271,6 +283,9 @@ def main(argv=None) -> int:
     options = RunOptions(cache=None if args.no_cache else (args.cache or True), storage=args.storage,
                          study_name=args.study_name, worker=args.worker_id, measure=measure)
     if args.backend == "alst" or args.accelerate_config is not None or args.sft_args is not None:
+        if emits:
+            raise UsageError("--emit writes the job of autosp's own plan; drop it with --backend alst (its "
+                             "Accelerate config runs under accelerate launch)")
         from autosp.planner.alst import main_alst
 
         return main_alst(args, request, plan_for, options)
@@ -278,7 +293,9 @@ def main(argv=None) -> int:
 
     from autosp.planner.ds_config import write_outputs
 
-    written = write_outputs(plan, args.plan_out, args.ds_config)
+    plan_out = emit.plan_path_for(emits, args.plan_out) if emits else args.plan_out
+    written = write_outputs(plan, plan_out, args.ds_config)
+    written += emit.write_emits(emits, plan, plan_out) if emits else []
     if args.json:
         sys.stdout.write(plan.to_json())
     else:

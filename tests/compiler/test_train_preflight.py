@@ -150,3 +150,28 @@ def test_without_backend_a_run_compiles_as_its_plan_was_priced(tmp_path):
         assert default_backend(other) == runs
     assert default_backend(None) == "inductor"
     assert build_parser().parse_args(["--model", "llama-3.2-1b"]).backend is None  # resolved after the plan loads
+
+
+def test_launch_flags_against_torchrun_and_deepspeed_environments(monkeypatch):
+    """Under a launcher the environment decides (deepspeed names the per-node count LOCAL_SIZE, torchrun
+    LOCAL_WORLD_SIZE); --nnodes/--node-rank that contradict it are one line; the ranks autosp-train starts get
+    the launch flags removed."""
+    from autosp.compiler.preflight import launch_from_env
+    from autosp.compiler.train_launch import without_launch_flags
+    from autosp.errors import UsageError
+
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_SIZE", "8")  # the deepspeed launcher's
+    launch = launch_from_env(None, nnodes=2, node_rank=1)
+    assert (launch.world, launch.local_world, launch.nnodes, launch.launcher) == (16, 8, 2, "env")
+    with pytest.raises(UsageError, match="--nnodes/--node-rank disagree"):
+        launch_from_env(None, nnodes=4)
+    monkeypatch.delenv("RANK")
+    launch = launch_from_env(4, nnodes=2, node_rank=1, master_addr="node0", master_port=1234, rdzv_timeout=5)
+    assert (launch.world, launch.rank, launch.local_world, launch.launcher) == (8, 4, 4, "spawn")
+    assert launch.nodes.endpoint == "node0:1234" and launch.shape() == "--nnodes 2 x --nproc-per-node 4"
+    assert launch_from_env(2, nnodes=1).nodes is None  # one node: as before, a free loopback port
+    argv = ["--plan", "p.json", "--nnodes", "2", "--node-rank=1", "--nproc-per-node", "4", "--master-addr", "h",
+            "--master-port=5", "--rdzv-timeout", "9", "--steps", "3"]
+    assert without_launch_flags(argv) == ["--plan", "p.json", "--steps", "3"]

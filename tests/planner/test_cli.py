@@ -126,3 +126,86 @@ def test_max_ctx_and_ascii_terminal(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "objective max-ctx" in out.stdout and "longest trainable context" in out.stdout
     assert "#" in out.stdout  # ASCII bars
+
+
+# --- --emit slurm / hostfile: the job that runs a plan on its nodes (issue 34 item 2) -------------------------
+
+FAKE_SRUN = """#!/bin/bash
+# stands in for Slurm's srun on one machine: runs its command as each node's task, with that node's SLURM_NODEID
+while [[ $1 == --* ]]; do shift; done
+for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" || exit $?; done
+"""
+FAKE_SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && printf 'gpu01\\ngpu02\\ngpu03\\ngpu04\\n'
+"""
+
+
+def _executable(path, text):
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_emit_slurm_and_hostfile_write_a_job_that_runs_the_plan_on_every_node(tmp_path):
+    job, hosts = tmp_path / "job.sbatch", tmp_path / "hosts"
+    out = run("--model", "llama-3.1-8b", "--ctx", "4M", "--hw", "h100x32", "--no-cache", "--emit", "slurm", str(job),
+              "--emit", "hostfile", str(hosts), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan_path = tmp_path / "job.plan.json"  # no --plan-out: the plan the job reads is written beside it
+    plan = plan_from_dict(json.loads(plan_path.read_text()))
+    world = plan.candidate.sp * plan.candidate.dp
+    assert world == 32 and "job.plan.json" in out.stdout and "job.sbatch" in out.stdout
+    script = job.read_text()
+    assert subprocess.run(["bash", "-n", str(job)], capture_output=True).returncode == 0
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 f"PLAN={plan_path}", "srun ", '--master-addr "$1"', '--node-rank "$SLURM_NODEID"'):
+        assert line in script, line
+    lead = int(script.split("#SBATCH --signal=TERM@")[1].split()[0])  # the step in progress and a save fit
+    assert lead >= plan.estimate.time.step + 60 and lead % 60 == 0
+
+    # run it as Slurm would on 4 nodes (srun and scontrol stand-ins): each node's autosp-train gets its rank
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "srun", FAKE_SRUN)
+    _executable(bin_dir / "scontrol", FAKE_SCONTROL)
+    capture = tmp_path / "argv.jsonl"
+    train = _executable(tmp_path / "train", f"#!{sys.executable}\nimport json, os, sys\n"
+                        "open(os.environ['CAPTURE'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": "4",
+           "SLURM_JOB_NODELIST": "gpu[01-04]", "AUTOSP_TRAIN": str(train), "CAPTURE": str(capture)}
+    ran = subprocess.run(["bash", str(job), "--steps", "7", "--save-dir", "ckpt dir"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    from autosp.compiler.train_cli import build_parser
+
+    nodes = [build_parser().parse_args(json.loads(line)) for line in capture.read_text().splitlines()]
+    assert [a.node_rank for a in nodes] == [0, 1, 2, 3]
+    for a in nodes:
+        assert (a.nnodes, a.nproc_per_node, a.master_addr, a.master_port) == (4, 8, "gpu01", 29500)
+        assert a.nnodes * a.nproc_per_node == world and a.plan == str(plan_path)
+        assert (a.steps, a.save_dir) == (7, "ckpt dir")  # sbatch's arguments reach autosp-train intact
+
+    from deepspeed.launcher.runner import _parse_hostfile  # the deepspeed launcher reads it as written
+
+    text = hosts.read_text()
+    assert _parse_hostfile(text.splitlines()) == {f"node-{i}": 8 for i in range(4)}
+    assert f"deepspeed --hostfile {hosts}" in text and f"--plan {plan_path}" in text
+
+
+@pytest.mark.parametrize("emit, needle", [
+    (("slurm", "DIR"), "is a directory"),
+    (("slurm", "/proc/autosp/job.sbatch"), "cannot write"),
+    (("pbs", "OUT/job.pbs"), "unknown kind"),
+    (("slurm", "OUT/plan.json"), "name the same file"),
+])
+def test_emit_refuses_a_bad_path_in_one_line_before_any_search(tmp_path, emit, needle):
+    kind, path = emit[0], emit[1].replace("DIR", str(tmp_path)).replace("OUT", str(tmp_path / "out"))
+    code = ("import sys; from autosp.cli import plan_main; rc = plan_main(sys.argv[1:]); "
+            "print('SEARCHED', 'autosp.planner.api' in sys.modules, file=sys.stderr); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, "--model", "llama-3.1-8b", "--ctx", "4M", "--hw", "h100x32",
+                          "--no-cache", "--emit", kind, path, "--plan-out", str(tmp_path / "out" / "plan.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    error, searched = out.stderr.strip().splitlines()
+    assert error.startswith("autosp-plan: error: ") and needle in error and "Traceback" not in out.stderr
+    assert searched == "SEARCHED False" and not (tmp_path / "out").exists()
