@@ -13,8 +13,8 @@ each rank W x d(local token-loss sum) / N, whose average is the one-process grad
 What the Trainer is told:
 
 - data: every rank loads the *whole* micro-batch of the dp data-parallel replicas (``per_device_train_batch_size
-  x dp`` sequences, unsharded, in one seeded order, checked identical across ranks each step); the runtime
-  takes this rank's rows and tokens. Evaluation likewise.
+  x dp`` sequences, unsharded, in the one-process Trainer's order, checked identical across ranks each
+  step); the runtime takes this rank's rows and tokens. Evaluation likewise.
 - loss: the compiled loss is the micro-batch's exact global token mean; it is rescaled to the Trainer's
   convention (``num_items_in_batch``: tokens of the whole accumulated step, counted once, not once per rank), so
   the logged ``loss`` is the step's true token-weighted mean and gradient accumulation is token-weighted as in
@@ -180,22 +180,27 @@ class SPTrainerMixin:
     # -- data: every rank loads the whole micro-batch -----------------------------------------------
     def _get_dataloader(self, dataset, description, batch_size, *args, **kwargs):
         accelerator = self.accelerator
-        accelerator.prepare = lambda *objs: objs[0] if len(objs) == 1 else objs  # no per-rank sharding
+        accelerator.prepare = self._prepare_unsharded
         try:
             return super()._get_dataloader(dataset, description, batch_size * self._sp_candidate.dp, *args, **kwargs)
         finally:
             del accelerator.prepare
 
-    def _get_train_sampler(self, *args, **kwargs):
-        import torch
+    def _prepare_unsharded(self, dataloader):
+        """What ``accelerator.prepare`` gives the one-process Trainer, on every rank: Accelerate's wrapping for
+        one process, not sharded. Its seedable sampler reseeds each epoch with ``data_seed`` (or torch's initial
+        seed, which the Trainer sets from ``seed``) + the epoch, as the one-process run does (a generator of
+        our own, drawing on across epochs, gave other batches from the second epoch on). Seedable even where
+        the user turned it off, since every rank must draw the same order."""
+        from accelerate.data_loader import prepare_data_loader
 
-        sampler = super()._get_train_sampler(*args, **kwargs)
-        if type(sampler) is torch.utils.data.RandomSampler and sampler.generator is None:
-            # one order on every rank, from the seed (the Trainer's own sampler draws from the global RNG)
-            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            sampler = torch.utils.data.RandomSampler(sampler.data_source,
-                                                     generator=torch.Generator().manual_seed(seed))
-        return sampler
+        accelerator = self.accelerator
+        return prepare_data_loader(dataloader, accelerator.device, num_processes=1, process_index=0,
+                                   split_batches=accelerator.split_batches, put_on_device=accelerator.device_placement,
+                                   rng_types=[], dispatch_batches=False, even_batches=accelerator.even_batches,
+                                   use_seedable_sampler=True, data_seed=accelerator.dataloader_config.data_seed,
+                                   non_blocking=accelerator.non_blocking,
+                                   use_stateful_dataloader=accelerator.use_stateful_dataloader)
 
     def get_total_train_batch_size(self, args) -> int:
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * self._sp_candidate.dp

@@ -6,7 +6,8 @@ One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), six c
   lengths with right padding: every logged loss (the first also against the step's objective computed
   directly: tokens counted once), evaluate() before and after training (the one before must not leave the
   model without DDP), the final weights, and the saved checkpoint loaded with from_pretrained;
-- autosp.hf.SFTTrainer, packing=True / padding-free: the logged losses, and no attention across documents;
+- autosp.hf.SFTTrainer, packing=True / padding-free, 6 steps over two epochs in the Trainer's random order:
+  every logged loss and gradient norm, the final weights, and no attention across documents;
 - PEFT LoRA through autosp.hf.Trainer and through autosp.compile, at ZeRO 0 and ZeRO 3: adapter gradients
   and weights, base weights untouched.
 """
@@ -40,11 +41,13 @@ class _Recorder:
 
         class Recorder(TrainerCallback):
             def __init__(self):
-                self.losses = []
+                self.losses, self.grad_norms, self.epochs = [], [], []
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if logs and "loss" in logs:
                     self.losses.append(logs["loss"])
+                    self.grad_norms.append(logs.get("grad_norm"))
+                    self.epochs.append(logs.get("epoch"))
 
         return Recorder()
 
@@ -81,17 +84,23 @@ def _chat_dataset():
 
 
 def run_sft(trainer_cls, out, **sp):
+    """6 optimizer steps of 2 packed rows over the 8 rows TRL packs: the Trainer's random order (reshuffled at
+    the second epoch, as the one-process Trainer does) and SGD, whose steps keep fp32 rounding at its size
+    (Adam divides each gradient element by its own size + 1e-8, so an element near 1e-8, measured on one
+    embedding row, turns its rounding into a lr-sized weight difference: docs/hf-trainers.md)."""
     from trl import SFTConfig
 
     rec = _Recorder()
-    args = _training_args(SFTConfig, out, per_device_train_batch_size=1, gradient_accumulation_steps=1,
-                          max_steps=3, packing=True, padding_free=True, max_length=40, bf16=False)
+    args = _training_args(SFTConfig, out, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                          max_steps=6, packing=True, padding_free=True, max_length=40, bf16=False,
+                          train_sampling_strategy="random", optim="sgd", learning_rate=0.5)
     trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=_chat_dataset(), processing_class=tokenizer(),
                           callbacks=[rec], **sp)
     assert trainer.args.padding_free
     first = next(iter(trainer.get_train_dataloader()))
     trainer.train()
-    return {"losses": rec.losses, "first": {k: first[k].clone() for k in ("input_ids", "position_ids", "labels")}}
+    return {"losses": rec.losses, "grad_norms": rec.grad_norms, "epochs": rec.epochs, "weights": _weights(trainer),
+            "first": {k: first[k].clone() for k in ("input_ids", "position_ids", "labels")}}
 
 
 def _per_document_loss(batch) -> float:
@@ -231,11 +240,15 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     loaded = _loaded_eval_loss(str(tmp_path / "sp" / "trainer" / "checkpoint-5"))
     assert abs(loaded - got["eval"][1]) <= TOL * got["eval"][1], (loaded, got["eval"][1])
 
-    # TRL's SFTTrainer, packed and padding-free: the logged losses, and documents never attend across
-    # their boundaries (the first step's loss is that of every document run on its own)
+    # TRL's SFTTrainer, packed and padding-free: every logged loss and gradient norm and the final weights,
+    # past the first epoch (the data order of every epoch is the one-process Trainer's), and documents never
+    # attend across their boundaries (the first step's loss is that of every document run on its own)
     ref_sft = run_sft(trl.SFTTrainer, str(tmp_path / "ref_sft"))
-    assert len(sp["sft"]["losses"]) == 3 and _close(sp["sft"]["losses"], ref_sft["losses"]), \
-        (sp["sft"]["losses"], ref_sft["losses"])
+    got = sp["sft"]
+    assert len(got["losses"]) == 6 and ref_sft["epochs"][-1] > 1, ref_sft["epochs"]
+    assert _close(got["losses"], ref_sft["losses"]), (got["losses"], ref_sft["losses"])
+    assert _close(got["grad_norms"], ref_sft["grad_norms"]), (got["grad_norms"], ref_sft["grad_norms"])
+    assert _worst(got["weights"], ref_sft["weights"])[0] <= TOL
     alone = _per_document_loss(ref_sft["first"])
     assert abs(sp["sft"]["losses"][0] - alone) <= TOL * alone, (sp["sft"]["losses"][0], alone)
 
