@@ -5,6 +5,9 @@
 - The example CI workflow installed ``autosp[db]`` from a package index where autosp is not published.
 - Multi-node answers never said whether SP groups could span nodes (then an opt-in flag; now the default,
   ``--no-cross-node-sp`` opts out); warnings ran to 12,000 characters.
+- Issue 36: the README's ``torchrun --nproc-per-node 2 examples/hf_trainer.py`` was "command not found" without an
+  activated venv; the walk-through's 12 steps were over before anyone could interrupt them by hand, and its
+  resume step then had nothing left to train; the README did not say how long the test suite takes.
 """
 
 import re
@@ -61,3 +64,52 @@ def test_a_warning_stays_one_short_line(capsys):
     warn_once("plan cache x is unusable (" + "driver said: no\n" * 1000 + "); planning without a cache")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) < 500 and err.rstrip().endswith("planning without a cache")
+
+
+def _code(text: str) -> list[str]:
+    """The code of a Markdown text: fenced blocks, indented lines and inline code spans."""
+    fenced = re.findall(r"```[^\n]*\n(.*?)```", text, flags=re.S)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return fenced + [line for line in prose.splitlines() if line.startswith("    ")] + re.findall(r"`([^`]+)`", prose)
+
+
+def test_torchrun_is_launched_from_the_venv():
+    """A new user has no activated venv: ``torchrun`` alone is "command not found" (the README, the examples'
+    docstrings and docs/hf-trainers.md, which show how to launch the examples)."""
+    import ast
+
+    texts = {name: (REPO / name).read_text() for name in ("README.md", "docs/hf-trainers.md")}
+    for script in sorted((REPO / "examples").glob("*.py")):
+        texts[f"examples/{script.name}"] = ast.get_docstring(ast.parse(script.read_text())) or ""
+    launches = {name: re.findall(r"(\S*torchrun)\s+--", " ".join(_code(text)) if name.endswith(".md") else text)
+                for name, text in texts.items()}
+    assert launches["README.md"] and launches["examples/hf_trainer.py"]
+    assert {name: [cmd for cmd in cmds if cmd != ".venv/bin/torchrun"] for name, cmds in launches.items()} == \
+        {name: [] for name in launches}
+
+
+def _walk_through() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("### Walk-through")[1].split("\n## ")[0]
+
+
+def test_the_walk_through_can_be_interrupted_by_hand_and_resumed():
+    """Step 2 trains long enough to press Ctrl-C (the README says how long a step takes here), the unattended way
+    is named (``timeout -s TERM``), and the resume step is step 2's command with ``--resume``: it continues a
+    run stopped at any step before the last."""
+    from autosp.compiler.train_cli import build_parser
+
+    train = [argv for argv in _readme_commands("autosp-train") if "out/walk/plan.json" in argv]
+    assert len(train) == 2, train
+    first, resume = train
+    assert resume[:len(first)] == first and resume[len(first)] == "--resume"
+    args = build_parser().parse_args(first[1:])
+    assert args.steps >= 100 and args.save_every < args.steps  # about 1 s a step here: minutes, not seconds
+    walk = _walk_through()
+    assert "timeout -s TERM" in walk and "Ctrl-C" in walk
+
+
+def test_the_readme_says_how_long_the_test_suite_takes():
+    section = (REPO / "README.md").read_text().split("Run the test suite")[1].split("`.ci/run` first")[0]
+    took = re.search(r"suite took ([\d,]+) s", section.replace("\n", " "))
+    assert took and int(took.group(1).replace(",", "")) > 60, section
