@@ -87,9 +87,9 @@ def _rendezvous_error(err: BaseException, group: NodeGroup) -> UsageError:
             return UsageError(f"node 0 waited {wait} at {where} for the other {group.nnodes - 1} node(s) and {came} "
                               f"joined: start each of them with {group.flags()} and its own --node-rank "
                               f"1..{group.nnodes - 1}")
-        if "address already in use" in text.lower() or "bind" in text.lower():
-            return UsageError(f"node 0 cannot listen on port {group.master_port} ({_first_line(err)}): another program "
-                              "(or an earlier run) holds it; pick a free --master-port on every node")
+        if "address already in use" in text.lower() or "eaddrinuse" in text.lower():
+            return UsageError(f"node 0 cannot listen on port {group.master_port}: it is in use (by another program or "
+                              "an earlier run); pick a free --master-port on every node")
     elif "timed out" in text.lower() or "connect" in text.lower():
         return UsageError(f"cannot reach node 0 at {where} within {wait}: start node 0 (--node-rank 0) on "
                           f"{group.master_addr}, or check --master-addr, --master-port and that the port is open "

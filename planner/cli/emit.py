@@ -25,7 +25,7 @@ from autosp.errors import UsageError
 __all__ = ["KINDS", "check_emits", "job_shape", "plan_path_for", "render", "signal_lead_s", "write_emits"]
 
 KINDS = ("slurm", "hostfile")
-MASTER_PORT = 29500  # torchrun's (and autosp-train's) default --master-port
+MASTER_PORT = 29500  # torchrun's (and autosp-train's) default --master-port (the hostfile's command)
 SAVE_ALLOWANCE_S = 120  # seconds allowed for the checkpoint a stopped run writes (edit the script for a slower disk)
 
 
@@ -102,6 +102,8 @@ def _summary(plan) -> str:
 def slurm_script(plan, plan_path: str, path: str) -> str:
     nodes, per_node = job_shape(plan)
     lead = signal_lead_s(plan)
+    # the plan uses every GPU of each node: take whole nodes, so no other job shares their CPUs or the port
+    exclusive = "\n#SBATCH --exclusive" if per_node == plan.hardware.devices_per_node else ""
     job = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"autosp-{plan.model.name}")
     return f"""#!/bin/bash
 # Slurm job written by autosp-plan: {_summary(plan)}.
@@ -110,7 +112,7 @@ def slurm_script(plan, plan_path: str, path: str) -> str:
 #SBATCH --job-name={job}
 #SBATCH --nodes={nodes}
 #SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={per_node}
+#SBATCH --gpus-per-node={per_node}{exclusive}
 #SBATCH --signal=TERM@{lead}
 #SBATCH --output=autosp-%j.out
 #
@@ -124,10 +126,11 @@ set -eo pipefail
 PLAN={shlex.quote(os.path.abspath(plan_path))}
 AUTOSP_TRAIN="${{AUTOSP_TRAIN:-{_train_command()}}}"
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
-MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"
+MASTER_PORT="${{MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}}"  # from the job id: not another job's port
 
-# The single quotes leave $SLURM_NNODES and $SLURM_NODEID to each node's own shell: every node gets its rank.
-srun --kill-on-bad-exit=1 bash -c 'exec "$0" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \\
+# One task per node with all the node's CPUs (its {per_node} training processes share them; without --cpus-per-task a
+# task may be bound to one CPU). The single quotes leave $SLURM_NNODES and $SLURM_NODEID to each node's own shell.
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" bash -c 'exec "$0" --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" \\
     --nproc-per-node {per_node} --master-addr "$1" --master-port "$2" --plan "$3" "${{@:4}}"' \\
     "$AUTOSP_TRAIN" "$MASTER_ADDR" "$MASTER_PORT" "$PLAN" "$@"
 """

@@ -157,7 +157,7 @@ def test_emit_slurm_and_hostfile_write_a_job_that_runs_the_plan_on_every_node(tm
     assert world == 32 and "job.plan.json" in out.stdout and "job.sbatch" in out.stdout
     script = job.read_text()
     assert subprocess.run(["bash", "-n", str(job)], capture_output=True).returncode == 0
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
                  f"PLAN={plan_path}", "srun ", '--master-addr "$1"', '--node-rank "$SLURM_NODEID"'):
         assert line in script, line
     lead = int(script.split("#SBATCH --signal=TERM@")[1].split()[0])  # the step in progress and a save fit
@@ -172,7 +172,8 @@ def test_emit_slurm_and_hostfile_write_a_job_that_runs_the_plan_on_every_node(tm
     train = _executable(tmp_path / "train", f"#!{sys.executable}\nimport json, os, sys\n"
                         "open(os.environ['CAPTURE'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_NNODES": "4",
-           "SLURM_JOB_NODELIST": "gpu[01-04]", "AUTOSP_TRAIN": str(train), "CAPTURE": str(capture)}
+           "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_JOB_ID": "123456", "SLURM_CPUS_ON_NODE": "64",
+           "AUTOSP_TRAIN": str(train), "CAPTURE": str(capture)}
     ran = subprocess.run(["bash", str(job), "--steps", "7", "--save-dir", "ckpt dir"], capture_output=True, text=True,
                          env=env, timeout=60)
     assert ran.returncode == 0, ran.stderr
@@ -181,7 +182,7 @@ def test_emit_slurm_and_hostfile_write_a_job_that_runs_the_plan_on_every_node(tm
     nodes = [build_parser().parse_args(json.loads(line)) for line in capture.read_text().splitlines()]
     assert [a.node_rank for a in nodes] == [0, 1, 2, 3]
     for a in nodes:
-        assert (a.nnodes, a.nproc_per_node, a.master_addr, a.master_port) == (4, 8, "gpu01", 29500)
+        assert (a.nnodes, a.nproc_per_node, a.master_addr, a.master_port) == (4, 8, "gpu01", 20000 + 123456 % 20000)
         assert a.nnodes * a.nproc_per_node == world and a.plan == str(plan_path)
         assert (a.steps, a.save_dir) == (7, "ckpt dir")  # sbatch's arguments reach autosp-train intact
 
