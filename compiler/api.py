@@ -207,6 +207,9 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
                     ring_group=layout.ring_group.group_name if layout.ring_group is not None else None,
                     rule=unique_key("engine") if packed or windows else "", layer_windows=windows,
                     router_key=router_key, param_layers=param_layers)
+    from autosp.compiler.linear_attention import install as install_linear_attention
+
+    install_linear_attention(module, ctx)  # Gated DeltaNet layers: head all-to-alls around conv + recurrence
     # Compile the model's forward, not the module call: DeepSpeedEngine.compile() wraps the module's
     # __call__, which includes DeepSpeed's own forward pre/post hooks (timers calling time.time(), the
     # flops profiler), a graph break that fullgraph=True rejects. The hooks stay eager around the graph.
@@ -297,6 +300,9 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
                                                zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
                                                offload_optimizer=offload_optimizer, ring_size=ring_size,
                                                ep_size=ep_size)
+    from autosp.compiler.linear_attention import check_plan
+
+    check_plan(model, candidate)  # Gated DeltaNet layers: no ring, heads over the Ulysses ranks
 
     from autosp.compiler.groups import make_layout
     from autosp.compiler.runtime import SPEngine
@@ -333,10 +339,10 @@ def _checked_model(model, plan, dtype):
         raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
+    from autosp.compiler.linear_attention import check_architecture
     from autosp.compiler.windows import layer_windows
-    from autosp.cost_models.architectures import check_config
 
-    check_config(getattr(model, "config", None), "autosp.compile")  # the planner's list: both refuse the same models
+    check_architecture(model)  # the planner's list (both refuse the same models), Gated DeltaNet hybrids admitted
     return dtype, layer_windows(getattr(model, "config", None))
 
 

@@ -17,10 +17,12 @@ MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "do
 """Ops whose work is a matrix product (weights times activations, or two activations)."""
 
 ATTENTION_WORDS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
-                   "flex_attention", "ring_attention", "span_attention")
+                   "flex_attention", "ring_attention", "span_attention", "gated_delta")
 """An op whose name contains one of these is an attention kernel (forward, or backward when its name also
 contains ``backward``): SDPA's dispatch targets on every device, FlexAttention, and the compiler's
-``autosp_ops::ring_attention`` and ``autosp_ops::span_attention`` (packed documents, sliding windows). Ring attention moves key/value blocks between ranks but is classed as
+``autosp_ops::ring_attention`` and ``autosp_ops::span_attention`` (packed documents, sliding windows), and
+``autosp_ops::gated_delta_core`` (a Gated DeltaNet layer's conv + recurrence, the linear attention of
+Qwen3-Next / Qwen3.5). Ring attention moves key/value blocks between ranks but is classed as
 attention, not as a collective: its output and log-sum-exp are saved like SDPA's, and it is recomputed only
 under ``full``, where every ring rank recomputes it in the same backward order."""
 
