@@ -122,10 +122,11 @@ def slurm_script(plan, plan_path: str, path: str) -> str:
 # training finishes its step, saves a checkpoint when --save-dir is given and exits 0; submit the job
 # again with --resume to continue.
 
-set -eo pipefail
+set -e  # not pipefail: head closing the pipe early would fail scontrol with SIGPIPE
 PLAN={shlex.quote(os.path.abspath(plan_path))}
 AUTOSP_TRAIN="${{AUTOSP_TRAIN:-{_train_command()}}}"
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"
+[ -n "$MASTER_ADDR" ] || {{ echo "autosp job: no node names from scontrol show hostnames" >&2; exit 2; }}
 MASTER_PORT="${{MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}}"  # from the job id: not another job's port
 
 # One task per node with all the node's CPUs (its {per_node} training processes share them; without --cpus-per-task a
