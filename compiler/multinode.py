@@ -4,8 +4,8 @@ TCPStore at HOST:P, the others connect to it), agree that they were started alik
 as the training ranks' process-group store, as it does under ``torchrun --node-rank R --master-addr HOST
 --master-port P`` (``TORCHELASTIC_USE_AGENT_STORE``).
 
-Why not torchrun's agent itself: after a SIGTERM it gives the ranks ``shutdown_timeout`` seconds and then
-kills them, and its failures come as a table of tracebacks; autosp-train's launcher waits for a rank that is
+Why not torchrun's agent itself: after a SIGTERM it gives the ranks ``shutdown_timeout`` seconds (30 by default,
+``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``) and then kills them, and its failures come as a table of tracebacks; autosp-train's launcher waits for a rank that is
 saving a checkpoint and says one line. The rendezvous, the store and the ranks' environment are torch's.
 
 What the nodes check before any rank starts (each a one-line :class:`~autosp.errors.UsageError` on every
