@@ -260,8 +260,7 @@ def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
     chunked = N > 1
     recomputed = r.full & chunked
     saved_chunk = s * chunks.saved_bytes_per_token(sh)
-    final = sh.prof.final
-    final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
+    final_norm = memory.outside_layers_bytes(sh)
 
     def layer_bytes(key):
         policy, tiled = CHECKPOINTING_POLICIES[key[0]], key[1]
@@ -296,8 +295,9 @@ def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
             for m in r.mlp_values:
                 table[p * 1024 + m] = max(memory.mlp_phase_bytes(sh, policy, m, experts), attention)
         transient = _pick(ckpt * 1024 + mlp, table)
-    return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept, activations=kept + transient,
-                        host=host)
+    # the layers' backward holds the layers' kept sets, not what is kept outside them (memory.outside_layers_bytes)
+    return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept,
+                        activations=kept - final_norm + transient, host=host)
 
 
 def _over_host(sh: Shapes, hw: HardwareSpec, base: Candidate, r: RowSet, act: _Activations) -> _Activations:

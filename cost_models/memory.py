@@ -258,8 +258,7 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
         per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
     if not recomputed:  # router, permutation buffers, the busiest EP rank's margin (cost_models/moe.py)
         per_layer += s * moe.kept_bytes_per_token(sh.moe, e, "none" if chunked else cand.checkpointing)
-    final = sh.prof.final
-    final_norm = (final.other + final.kv * sh.kv_copies) * e * s + final.fixed * s
+    final_norm = outside_layers_bytes(sh)
     if cand.offload_chunks and not recomputed:  # the kept chunks live on the host
         kept = chunks.kept_on_device(per_layer, sh.L, sh.N, True) + final_norm
         host = chunks.host_bytes(sh, per_layer)
@@ -284,6 +283,18 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
         transient = max(mlp_phase_bytes(sh, cand.checkpointing, cand.mlp_chunks, experts),
                         s * e * attn_phase + s * attn_fixed)
     return kept, transient, per_layer, host
+
+
+def outside_layers_bytes(sh: Shapes) -> float:
+    """Bytes of what is kept outside the layers (the profile's ``final``; analytic: the final norm's input and
+    output, 2h per token). They are alive from the forward through the loss phase and are freed by the final
+    norm's backward, which runs before any layer's: the layers' backward never holds them (an eager trace of
+    transformers' Qwen3 frees the final norm's saved tensors and the LM head's input before the last layer's
+    first backward op; a compiled backward frees its inputs at their last use). A graph profile also counts here
+    the rotary cos/sin tables the layers read (2 x head_dim elements per token, under 0.2% of a Qwen3-8B layer's
+    backward peak), which the layers' backward does hold: left out of that phase."""
+    final = sh.prof.final
+    return (final.other + final.kv * sh.kv_copies) * sh.e * sh.s + final.fixed * sh.s
 
 
 def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
@@ -373,7 +384,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     params, grads, optim, gathered = model_states(cand, dtype, sh)
     expert_w, expert_g, expert_o = expert_state_bytes(cand, dtype, sh)
     kept, transient, per_layer, host = activation_bytes(sh, cand)
-    activations = kept + transient
+    activations = kept - outside_layers_bytes(sh) + transient  # the layers' backward: outside_layers_bytes
     host_total = host + optimizer_host_bytes(cand, sh) + param_offload.host_bytes(sh, cand)
     if host_total > 0:
         available = host_bytes_available(hw)
@@ -387,7 +398,8 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
     # allocates its gradient buffers at the first gradient hook (process_gradients -> setup_buckets),
     # after the loss backward, and the previous step's gradients were freed by zero_grad. In the
     # layers' backward the gradients, ZeRO buffers, one layer's transient and the untiled logits join
-    # the kept set. The breakdown is the composition at whichever is larger
+    # the layers' kept sets (what is kept outside the layers is gone by then: outside_layers_bytes). The
+    # breakdown is the composition at whichever is larger
     # (studies/cost_model_accuracy.py measured the loss phase as the peak of the untiled CPU runs).
     loss_peak, logits = loss_phase_bytes(sh, cand)
     a2a = a2a_buffer_bytes(sh)
@@ -409,5 +421,6 @@ __all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION",
            "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "expert_state_bytes", "host_bytes_available",
            "layer_extra_bytes", "layer_saved_elems", "layer_attention_phase", "layer_mlp_phase", "layer_transient_elems",
            "layer_transient_phases", "mlp_phase_bytes", "tiled_weight_grad_bytes",
-           "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "reserve_bytes",
+           "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "outside_layers_bytes",
+           "reserve_bytes",
            "state_bytes_per_param", "zero3_gathered_params", "zero_state_bytes"]

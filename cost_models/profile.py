@@ -28,7 +28,7 @@ from functools import lru_cache
 from autosp.cost_models import moe, softcap
 from autosp.contract.specs import CHECKPOINTING_POLICIES, ModelSpec
 
-PROFILE_SCHEMA = 1
+PROFILE_SCHEMA = 2
 """Bumped whenever the meaning of a field changes; cached graph profiles of another schema are rebuilt."""
 
 POLICY_INDEX = {policy: i for i, policy in enumerate(CHECKPOINTING_POLICIES)}

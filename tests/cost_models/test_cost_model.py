@@ -87,7 +87,8 @@ def test_hand_computed_tiny_example():
     # all-to-all = 64 + 2*32 = 128; attention output + its o_proj copy = 2*64 = 128; MLP gate, silu,
     # up, product = 4*128 = 512 -> 1024 elements = 2048 B, plus fp32 logsumexp 4 B x 4 heads and two
     # fp32 RMSNorm inverse-RMS values (8 B) = 2072 B per token and layer.
-    kept = 2 * 512 * 2072 + 2 * 64 * 2 * 512  # two layers + final norm input/output (2h x 2 B x 512)
+    final = 2 * 64 * 2 * 512  # the final norm's input and output (2h x 2 B x 512), kept outside the layers
+    kept = 2 * 512 * 2072 + final  # two layers + the final norm's
     # Backward working set of one layer: max(MLP grads 3f + 2h = 512, attention grads 4q + 2k + h = 384).
     transient = 512 * 2 * 512
     # Logits + loss: peak 512 tokens x 256 vocab x (2 B bf16 + 12 B fp32) = 1,835,008 B; during the layers'
@@ -97,11 +98,12 @@ def test_hand_computed_tiny_example():
     # (never larger than the model).
     a2a, bucket = 2 * 512 * 64 * 2, min(ds.REDUCE_BUCKET_SIZE, psi) * 2
     # Two candidate peaks: the loss phase (kept + loss peak + all-to-all staging: 4,218,880 B) and the
-    # layers' backward (gradients + buckets + kept + transient + logits: 3,597,568 B). The loss phase wins,
-    # so the breakdown is its composition.
+    # layers' backward (gradients + buckets + the layers' kept sets + transient + logits: 3,466,496 B; the final
+    # norm's tensors are freed by its backward, before any layer's). The loss phase wins, so the breakdown is its
+    # composition.
     loss_phase = kept + loss_peak + a2a
-    backward_phase = 2 * psi + a2a + bucket + kept + transient + logits_bwd
-    assert (loss_phase, backward_phase) == (4_218_880, 3_597_568)
+    backward_phase = 2 * psi + a2a + bucket + kept - final + transient + logits_bwd
+    assert (loss_phase, backward_phase) == (4_218_880, 3_466_496)
     assert (m.activations, m.logits_loss, m.comm_buffers) == (kept, loss_peak, a2a)
     assert any("loss phase" in n for n in est.notes)
 
@@ -219,6 +221,29 @@ def test_peak_is_the_larger_of_loss_and_layer_phases():
     d = _est(replace(BASE, checkpointing="full", mlp_chunks=8, loss_chunks=16))
     assert not any("loss phase" in n for n in c.notes) and c.memory.gradients > 0
     assert d.memory.activations < c.memory.activations and d.memory.total < c.memory.total
+
+
+def test_what_is_kept_outside_the_layers_is_priced_in_the_loss_phase_only():
+    """The final norm's input and output (the profile's ``final``) live until the final norm's backward, which runs
+    before any layer's: a larger ``final`` raises the loss phase, never the layers' backward (Qwen3-8B at 1M tokens
+    on 8 GPUs as TRL ran it: the peak is a layer's backward)."""
+    from autosp.cost_models.profile import Elems, analytic_profile
+
+    model = resolve_model("qwen3-8b")
+    cand = Candidate(sp=8, ring=8, zero_stage=3, checkpointing="full", loss_chunks=128, offload_activations=True)
+    work = Workload(seq_len=2 ** 20, compile_backend="eager")
+    prof = analytic_profile(model)
+    base = estimate(model, H100X8, work, cand, profile=prof)
+    grown = estimate(model, H100X8, work, cand, profile=replace(prof, final=prof.final + Elems(4 * model.hidden)))
+    assert not any("loss phase" in n for n in base.notes + grown.notes)
+    assert grown.memory == base.memory
+    sh = Shapes(model, work, cand, prof)
+    kept, transient, _, _ = memory.activation_bytes(sh, cand)
+    assert memory.outside_layers_bytes(sh) == 2 * model.hidden * 2 * sh.s
+    assert base.memory.activations == kept - memory.outside_layers_bytes(sh) + transient
+    # the loss phase does hold them: with enough of them it becomes the peak
+    huge = estimate(model, H100X8, work, cand, profile=replace(prof, final=prof.final + Elems(40 * model.hidden)))
+    assert any("loss phase" in n for n in huge.notes) and huge.memory.total > base.memory.total
 
 
 def test_loss_tiling_lowers_memory_and_costs_time():

@@ -134,8 +134,10 @@ def test_tiny_llama_kept_sets_per_policy(llama, llama_analytic):
     g, a = llama, llama_analytic
     for i, policy in enumerate(CHECKPOINTING_POLICIES):
         assert g.kept_mlp[i] == a.kept_mlp[i], policy
-        # eager recomputes SiLU as a tensor of its own; the fused kernel recomputes it in registers
-        assert g.mlp_live[i] == a.mlp_live[i] + (Elems(F) if policy != "none" else Elems()), policy
+        # what the MLP's recomputed tensors hold at the MLP phase's peak: eager recomputes SiLU as a tensor of its
+        # own but frees the down projection's input before the three gradients exist (gate, SiLU, up under full
+        # and sequence; SiLU under selective), as many elements as the fused kernel's gate, up and product
+        assert g.mlp_live[i] == a.mlp_live[i], policy
         if policy == "none":
             assert g.kept_attn[i] == a.kept_attn[i] + Elems(0, 0, 8 * H)
         else:
@@ -164,6 +166,44 @@ def test_tiny_llama_recompute_and_working_set(llama, llama_analytic):
         ga = (g.recompute_attn_phase[i] + g.attn_grads).bytes(2)
         aa = (a.recompute_attn_phase[i] + a.attn_grads).bytes(2)
         assert aa <= ga <= 3 * aa, policy
+
+
+def _replayed_mlp_phase_per_token(config_path: str) -> float:
+    """The peak of the last layer's MLP backward replayed from eager traces at two lengths, bytes per token: that
+    layer's saved tensors (what a full recompute rebuilds) and the backward's other storages, alive as the eager
+    autograd engine holds them (the incoming gradient included, parameters and their gradients not)."""
+    from autosp.profiling.graph import liveness as live
+    from autosp.profiling.graph.layer import LayerAnalysis
+    from autosp.profiling.graph.trace import hf_builder, load_hf_config, trace_step
+
+    build, peaks = hf_builder(load_hf_config(config_path)), []
+    for s in (333, 667):
+        tr = trace_step(build, 2, s)
+        la = LayerAnalysis(tr)
+        start, split = la.bwd[0].idx, max(o.idx for o in la.bwd if la.in_mlp(o.module))
+        others_saved = set(tr.saved) - set(la.saved)
+        include = lambda sid: sid not in la.excluded and sid not in tr.grad_sids and sid not in others_saved  # noqa: E731
+        before = sum(live.alive_before(tr, include, start))   # the working set the layer's backward inherits
+        saved_then = sum(la.st[sid].nbytes for sid in la.saved if sid in tr.storages
+                         and la.st[sid].alloc < start and (la.st[sid].free < 0 or la.st[sid].free > start))
+        # the attention output's Ulysses layout O' is a storage the analysis adds (no trace allocates it), alive
+        # until the output projection's backward, after the MLP's
+        virtual = sum(la.st[sid].nbytes for sid in la.saved if sid not in tr.storages)
+        _, dtype_bytes, other_bytes = live.peak(live.live_curve(tr, include, start, split))
+        peaks.append(dtype_bytes + other_bytes + virtual
+                     - (before - saved_then - tr.layer_grad_in.get(la.name, 0)))
+    return (peaks[1] - peaks[0]) / (667 - 333)
+
+
+def test_eager_mlp_phase_is_the_replayed_peak(llama, llama_path):
+    """Under full checkpointing the cost model's MLP phase of an eager profile (recomputed attention side + MLP
+    tensors alive at the peak + gradients + the incoming gradient) is the peak an eager trace of that layer's
+    backward reaches: the down projection's input is freed before the SiLU and up gradients exist, so the phase is
+    gate, SiLU, up and three gradients (6f), not all four recomputed tensors plus three gradients (7f)."""
+    full = CHECKPOINTING_POLICIES.index("full")
+    composed = (llama.recompute_mlp_phase[full] + llama.mlp_live[full] + llama.mlp_grads + llama.mlp_phase_grads)
+    assert composed.bytes(2) == pytest.approx(_replayed_mlp_phase_per_token(llama_path), rel=1e-9)
+    assert llama.mlp_live[full] == Elems(3 * F) and llama.mlp_grads == Elems(3 * F)
 
 
 def test_tiny_llama_outside_the_layers(llama, llama_analytic):

@@ -121,23 +121,32 @@ def _backward_working_set(tr, la: LayerAnalysis, out: dict) -> None:
             grads_peak[phase] = live.peak(live.live_curve(tr, working, t0, t1, acc, layer_spans))
             _, eb, ob = grads_peak[phase]
             _put(out, f"grads_{phase}", Elems((eb - base_e) / 2, 0.0, ob - base_o))
-        # recomputed attention-side tensors: alive from the start of the layer's backward until their
-        # last backward user ran (when the policy-none trace released them)
+        # recomputed tensors: alive from the start of the layer's backward until their last backward user ran
+        # (when the policy-none trace released them). The MLP phase's peak is taken with the MLP's own
+        # recomputed tensors in the curve too, and ``mlp_live`` is what of them is alive at that peak: eager
+        # autograd frees the down projection's input before the SiLU and product gradients exist, so the
+        # size of all of them plus the gradients' peak is a sum of maxima at different moments.
+        free_at = {sid: la.st[sid].free if la.st[sid].free >= 0 else end for sid in la.saved}
         for policy in CHECKPOINTING_POLICIES:
             _, recomputed = la.policy_sets(policy)
             redo = [sid for sid in recomputed if sid in la.saved and la.side(sid) == "attn"]
-            spans = [(start, la.st[sid].free if la.st[sid].free >= 0 else end, la.st[sid].nbytes,
-                      la.st[sid].dtype == tr.dtype) for sid in redo]
+            mlp_redo = [sid for sid in recomputed if sid in la.saved and la.side(sid) == "mlp"]
+            spans = [(start, free_at[sid], la.st[sid].nbytes, la.st[sid].dtype == tr.dtype) for sid in redo]
+            mlp_spans = [(start, free_at[sid], la.st[sid].nbytes, la.st[sid].dtype == tr.dtype) for sid in mlp_redo]
             for phase, (t0, t1) in windows.items():
                 key = "recompute_mlp_phase" if phase == "mlp" else "recompute_attn_phase"
-                if t1 < t0 or not redo:
+                own = mlp_spans if phase == "mlp" else []
+                if t1 < t0 or not (redo or own):
                     _put(out, f"{key}.{policy}", Elems())
                     continue
-                t, eb, ob = live.peak(live.live_curve(tr, working, t0, t1, acc + spans, layer_spans))
-                alive = [sid for sid in redo if (la.st[sid].free if la.st[sid].free >= 0 else end) > t]
-                kv = la.size(alive).kv
+                t, eb, ob = live.peak(live.live_curve(tr, working, t0, t1, acc + spans + own, layer_spans))
+                kv = la.size([sid for sid in redo if free_at[sid] > t]).kv
+                mlp_live = la.size([sid for sid in mlp_redo if free_at[sid] > t]) if own else Elems()
                 _, we, wo = grads_peak[phase]
-                _put(out, f"{key}.{policy}", Elems((eb - we) / 2 - kv, kv, ob - wo))
+                _put(out, f"{key}.{policy}", Elems((eb - we) / 2 - kv - mlp_live.other - mlp_live.kv, kv,
+                                                   ob - wo - mlp_live.fixed))
+                if own:
+                    _put(out, f"mlp_live.{policy}", mlp_live)
     else:
         _put(out, "grads_mlp", Elems())
         _put(out, "grads_attn", Elems())
