@@ -49,6 +49,18 @@ huggingface/trl pull request 6845 ("Document 1M-token training and add a context
   in huggingface/transformers#48163: "on recent torch the default is already cuDNN". So the TRL rows are priced
   with the H100 default kernel, cudnn; ALST's with flash2 (``attn_implementation: flash_attention_2``, flash_attn
   2.7.4). Both with one set of constants: only the kernel, a property of each run, differs.
+- what a layer holds: TRL runs transformers' own Qwen3 eagerly (``SFTConfig`` without ``torch_compile`` or Liger),
+  so its layers keep what eager autograd keeps: every RMSNorm's fp32 copy of its input (Qwen3 also normalises q
+  and k per head), SiLU's output as a tensor of its own. That is a property of the run too, and the graph profile
+  of transformers' Qwen3 measures it (``hf_model_type``: :func:`run_profile`, docs/graph_profile.md); ALST ran
+  Liger's fused kernels, which the analytic (compiled) profile describes.
+- the published peak is what the caching allocator handed out (``torch.cuda.max_memory_allocated``), in units of
+  10^9 bytes: the PR's author prints his measured memory that way (accelerate pull request 4175: "boundary inputs:
+  1.61 GB" for 24 layers x 32,768 tokens x 1,024 x 2 bytes = 1.61e9), and TRL's long-context guide ("Training
+  Beyond 1M Tokens", huggingface/trl pull request 7003) reports a run that "needs 63.6 GB on an 80 GB card, and
+  still fails" without ``expandable_segments``: a figure below the card that still runs out is an allocated peak,
+  not a reserved one. So it is compared with the prediction without its reserve (CUDA context, NCCL, fragmentation),
+  as the project's own GPU check compares ``max_memory_allocated`` (studies/gpu_check/report.py).
 
 Each row is priced by the planner's own machinery: its search space for the row's cluster and length, with every
 knob the run fixed pinned (sp, no ring, ZeRO-3, micro-batch 1, full checkpointing, optimizer offload, activation
@@ -105,6 +117,9 @@ class PublishedRun:
     loss_tile_tokens: int | None = None
     """Tokens per loss tile when the run's source fixes them (the loss tiling is then pinned to the local tokens over
     this; None: the search picks the tiling, as for ALST, whose shard count the recipes leave to its code)."""
+    hf_model_type: str | None = None
+    """Set when the run executed transformers' model of this ``model_type`` eagerly: the row is priced with the graph
+    profile of that model (:func:`run_profile`); None: the analytic profile (a compiled or fused-kernel step)."""
 
 
 def hms(text: str) -> float:
@@ -131,17 +146,19 @@ RUNS = (
     PublishedRun("h100x32", 15_500_000, 32, True, True, True, False, hms("7:25:09"), "all, SP 32 on 4 nodes"),
     PublishedRun("h100x8", 2**20, 8, True, False, True, False, 364.0, "ring 8, FSDP2, ckpt offload", system="TRL",
                  model="qwen3-8b", ring=8, offload_optimizer=False, attention_kernel=None, published_memory_gb=56.2,
-                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS, hf_model_type="qwen3"),
     PublishedRun("h100x16", 2**21, 16, True, False, True, False, 696.0, "ring 16 on 2 nodes", system="TRL",
                  model="qwen3-8b", ring=16, offload_optimizer=False, attention_kernel=None,
-                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS, hf_model_type="qwen3"),
     PublishedRun("h100x32", 2**22, 32, True, False, True, False, 1346.0, "ring 32 on 4 nodes", system="TRL",
                  model="qwen3-8b", ring=32, offload_optimizer=False, attention_kernel=None,
-                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS),
+                 loss_tile_tokens=TRL_LOSS_TILE_TOKENS, hf_model_type="qwen3"),
 )
-MEMORY_TARGET = (-0.20, 0.10)
-"""Predicted peak memory within -20% / +10% of a published one (TRL's 56.2 GB read as 10^9 bytes, the stricter
-reading: as GiB the prediction is 7% closer)."""
+MEMORY_TARGET = (-0.05, 0.05)
+"""The predicted allocated peak (the total without its reserve) within 5% of a published ``max_memory_allocated``
+(TRL's 56.2 GB as 10^9 bytes). What the prediction and TRL's run are known to hold differently is smaller
+(docs/cost_model.md section 12b: autosp's offload keeps two layer inputs on the device, its attention output has a
+second layout, DeepSpeed's ZeRO-3 gathers a little more than FSDP2)."""
 
 TIME_TARGET = 0.10
 """Issue 14's target: predicted time within 10% of the published one on every row of at least 1M tokens."""
@@ -166,10 +183,41 @@ def _loss_chunks(run: PublishedRun, space) -> tuple:
     return tuple(c for c in space.loss_chunks if c > 1)
 
 
+def hf_config(run: PublishedRun) -> dict:
+    """transformers' config.json of the run's model: the preset's widths (cost_models/catalog/models.toml, which cites
+    the model's own config.json) under the run's ``model_type`` (Qwen3: RMSNorm eps 1e-6, no attention bias, no
+    sliding window, as huggingface.co/Qwen/Qwen3-8B/blob/main/config.json sets them)."""
+    from autosp.profiling.graph import hf_config_of
+
+    config = dict(hf_config_of(resolve_model(run.model)), model_type=run.hf_model_type)
+    if run.hf_model_type == "qwen3":
+        config.update(rms_norm_eps=1e-6, attention_bias=False, use_sliding_window=False, sliding_window=None)
+    return config
+
+
+def run_profile(run: PublishedRun):
+    """The graph profile of transformers' model as the run executed it eagerly (traced once, then read from the
+    profile cache: autosp.profiling.graph.load_or_build), or None for a run priced with the analytic profile."""
+    if run.hf_model_type is None:
+        return None
+    import json
+
+    from autosp.profiling.graph import cache_dir, load_or_build
+
+    folder = cache_dir() / "published-configs" / f"{run.model}-{run.hf_model_type}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    text = json.dumps(hf_config(run), indent=1, sort_keys=True)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return load_or_build(str(path), quiet=True)
+
+
 def pinned_space(run: PublishedRun, kernel: str | None = None):
     """The planner's space for this run with every knob the run fixed pinned (tiling levels searched)."""
     model, hw = resolve_model(run.model), run_hardware(run, kernel)
-    space = build_space(model, hw, Workload(seq_len=run.seq_len, compile_backend="eager"))  # neither compiles its loss
+    space = build_space(model, hw, Workload(seq_len=run.seq_len, compile_backend="eager"),  # neither compiles its loss
+                        profile=run_profile(run))
     pins = dict(sp=(run.sp,), ring=(run.ring,), zero_stage=(3,), micro_batch=(1,), checkpointing=("full",),
                 offload_activations=(run.offload_activations,), overlap=("none",),
                 offload_optimizer=(run.offload_optimizer,),
@@ -189,9 +237,21 @@ def price(run: PublishedRun, kernel: str | None = None):
     return result.ranked[0]
 
 
+def allocated_gb(est) -> float:
+    """The predicted allocated peak in 10^9 bytes: the total without its reserve (CUDA context, NCCL, fragmentation,
+    none of which ``torch.cuda.max_memory_allocated`` counts), what a published allocated peak is compared with."""
+    return (est.memory.total - est.memory.reserve) / 1e9
+
+
+def memory_ratio(run: PublishedRun, est) -> float | None:
+    """Predicted / published allocated peak (None where the run published none)."""
+    return allocated_gb(est) / run.published_memory_gb if run.published_memory_gb else None
+
+
 def render(label: str, kernel: str | None = None) -> str:
-    head = (f"{'system':<6} {'model':<12} {'GPUs':>4} {'tokens':>10}  {'features':<30} {'kernel':<7} {'published':>9} "
-            f"{'predicted':>9} {'ratio':>6} {'memory GiB':>10} {'(GB)':>6} {'published':>9} {'fits':>4}  plan")
+    head = (f"{'system':<6} {'model':<12} {'profile':<8} {'GPUs':>4} {'tokens':>10}  {'features':<30} {'kernel':<7} "
+            f"{'published':>9} {'predicted':>9} {'ratio':>6} {'memory GiB':>10} {'alloc GB':>8} {'published':>9} "
+            f"{'ratio':>6} {'fits':>4}  plan")
     lines = [f"## {label}", "", head, "-" * len(head)]
     misses = []
     for run in RUNS:
@@ -199,22 +259,22 @@ def render(label: str, kernel: str | None = None) -> str:
         ratio = est.time.step / run.published_s
         hw = run_hardware(run, kernel)
         gpus = hw.world_size
-        mem_gb = est.memory.total / 1e9
+        mem_ratio = memory_ratio(run, est)
         published_mem = f"{run.published_memory_gb:.1f} GB" if run.published_memory_gb else "-"
-        lines.append(f"{run.system:<6} {run.model:<12} {gpus:>4} {run.seq_len:>10,}  {run.features:<30} "
-                     f"{hw.attention_kernel:<7} {_clock(run.published_s):>9} {_clock(est.time.step):>9} {ratio:6.2f} "
-                     f"{est.memory.total / GIB:10.1f} {mem_gb:6.1f} {published_mem:>9} {'yes' if est.fits else 'NO':>4}  "
-                     f"{cand.short()}")
+        lines.append(f"{run.system:<6} {run.model:<12} {'eager' if run.hf_model_type else 'analytic':<8} {gpus:>4} "
+                     f"{run.seq_len:>10,}  {run.features:<30} {hw.attention_kernel:<7} {_clock(run.published_s):>9} "
+                     f"{_clock(est.time.step):>9} {ratio:6.2f} {est.memory.total / GIB:10.1f} {allocated_gb(est):8.1f} "
+                     f"{published_mem:>9} {'-' if mem_ratio is None else f'{mem_ratio:.3f}':>6} "
+                     f"{'yes' if est.fits else 'NO':>4}  {cand.short()}")
         where = f"{run.system} {run.seq_len:,} tokens on {gpus}"
         if not est.fits:
             misses.append(f"{where} does not fit")
         if run.seq_len >= LONG_ROW and abs(ratio - 1) > TIME_TARGET:
             misses.append(f"{where}: time off by {100 * (ratio - 1):+.0f}%")
-        if run.published_memory_gb:
-            off = mem_gb / run.published_memory_gb - 1
-            if not MEMORY_TARGET[0] <= off <= MEMORY_TARGET[1]:
-                misses.append(f"{where}: memory off by {100 * off:+.0f}%")
-    lines += ["", "targets (every row fits; time within 10% from 1M tokens; memory within -20%/+10%): "
+        if mem_ratio is not None and not MEMORY_TARGET[0] <= mem_ratio - 1 <= MEMORY_TARGET[1]:
+            misses.append(f"{where}: allocated peak off by {100 * (mem_ratio - 1):+.1f}%")
+    lines += ["", "targets (every row fits; time within 10% from 1M tokens; allocated peak within "
+              f"{100 * MEMORY_TARGET[0]:+.0f}%/{100 * MEMORY_TARGET[1]:+.0f}% of a published one): "
               + ("met" if not misses else "missed: " + "; ".join(misses)), ""]
     return "\n".join(lines)
 
@@ -230,6 +290,9 @@ Predictions only (`python -m studies.published_gpu --label LABEL`; the script's 
 Every row: bf16, micro-batch 1, ZeRO-3, full checkpointing; ALST with optimizer offload and FlashAttention-2, TRL
 with ring attention over every GPU, activation offload and the H100 default kernel (cuDNN SDPA); ratio =
 predicted / published; memory = predicted peak per GPU (capacity 79.2 GiB). One section per label.
+In the issue 36 sections, profile = the layers' costs (analytic: compiled / fused kernels; eager:
+the graph profile of transformers' model, what TRL ran); alloc GB = the predicted peak without its reserve, in
+10^9 bytes, compared (second ratio) with the published `max_memory_allocated`.
 """
 
 

@@ -1,7 +1,8 @@
 """The cost model against ALST's and TRL's published H100 runs (studies/published_gpu.py, docs/cost_model.md
 section 12): every run that ran is predicted to fit, from 1M tokens its iteration time within 10% of the published
-one, and TRL's published peak memory within -20%/+10%."""
+one, and TRL's published allocated peak within 5%."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,18 @@ import pytest
 sys.path.append(str(next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())))
 
 from studies import published_gpu as study  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def profile_cache(tmp_path_factory):
+    """TRL's rows are priced with the graph profile of transformers' Qwen3 (traced once, ~6 s): cached here."""
+    old = os.environ.get("AUTOSP_CACHE_DIR")
+    os.environ["AUTOSP_CACHE_DIR"] = str(tmp_path_factory.mktemp("autosp-cache"))
+    yield
+    if old is None:
+        os.environ.pop("AUTOSP_CACHE_DIR", None)
+    else:
+        os.environ["AUTOSP_CACHE_DIR"] = old
 
 
 @pytest.mark.parametrize("run", study.RUNS, ids=lambda r: f"{r.hardware}-{r.seq_len}")
@@ -25,7 +38,7 @@ def test_published_run_fits_and_long_runs_take_the_published_time(run):
         assert est.time.step / run.published_s == pytest.approx(1.0, abs=study.TIME_TARGET)
     if run.published_memory_gb:
         low, high = study.MEMORY_TARGET
-        assert low <= est.memory.total / 1e9 / run.published_memory_gb - 1 <= high
+        assert low <= study.memory_ratio(run, est) - 1 <= high
 
 
 def test_each_system_is_priced_with_its_attention_kernel_and_one_set_of_constants():
@@ -45,6 +58,29 @@ def test_trl_is_priced_with_its_own_loss_tiles_whose_peak_is_the_layers_backward
         cand, est = study.price(run)
         assert cand.loss_chunks == run.seq_len // run.sp // study.MIN_TILE_TOKENS
         assert est.memory.logits_loss == 0.0 and est.memory.gradients > 0  # the backward phase is the peak
+
+
+def test_trl_1m_allocated_peak_is_the_published_one():
+    """TRL's Qwen3-8B at 1,048,576 tokens on 8 H100s: 56.2 GB, torch.cuda.max_memory_allocated. Priced as TRL ran it
+    (transformers' Qwen3 eagerly: its graph profile) and compared without the reserve, the allocated peak is within
+    5% (1.034; issue 36 read 1.20 from the graph profile and the total, and the study's analytic profile 0.86). The
+    peak is a layer's MLP backward under full recompute: its eager working set (every RMSNorm's fp32 copy, q/k
+    norms, gate, SiLU and up with three gradients, 33-34 GiB), not the final norm's tensors (freed before any
+    layer's backward) and not the sum of the recomputed MLP tensors and the gradients' peak."""
+    from autosp.cost_models import memory
+    from autosp.cost_models.shapes import Shapes
+    from autosp.contract.specs import Workload
+
+    run = next(r for r in study.RUNS if r.system == "TRL" and r.published_memory_gb)
+    cand, est = study.price(run)
+    assert 0.95 <= study.memory_ratio(run, est) <= 1.05
+    assert not any("loss phase" in n for n in est.notes)
+    prof = study.run_profile(run)
+    assert prof.source == "graph" and dict(prof.details)["sdpa_calls"] == 1
+    sh = Shapes(study.resolve_model(run.model), Workload(seq_len=run.seq_len, compile_backend="eager"), cand, prof)
+    kept, transient, per_layer, _ = memory.activation_bytes(sh, cand)
+    assert est.memory.activations == kept - memory.outside_layers_bytes(sh) + transient
+    assert 33 * 2**30 < transient < 35 * 2**30 and per_layer == 2**30  # one layer input: 131,072 x 4,096 x 2 B
 
 
 def test_results_file_keeps_one_section_per_label(tmp_path):
