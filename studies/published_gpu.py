@@ -248,6 +248,49 @@ def memory_ratio(run: PublishedRun, est) -> float | None:
     return allocated_gb(est) / run.published_memory_gb if run.published_memory_gb else None
 
 
+def peak_terms(run: PublishedRun, cand, est) -> list[tuple[str, float]]:
+    """The predicted peak of a row, term by term (bytes per GPU; they sum to the total): what docs/cost_model.md
+    section 12c compares with what the run held. The layers' backward phase is split into the kept layer inputs,
+    what is kept outside the layers (if the model holds it there), and the larger of the layer's MLP and attention
+    phases, the MLP one by its parts."""
+    from autosp.cost_models import memory
+    from autosp.cost_models.profile import POLICY_INDEX, mlp_live_per_token
+    from autosp.cost_models.shapes import Shapes
+
+    m = est.memory
+    sh = Shapes(resolve_model(run.model), Workload(seq_len=run.seq_len, compile_backend="eager"), cand,
+                run_profile(run))
+    params, _grads, _optim, gathered = memory.model_states(cand, "bf16", sh)
+    kept, transient, _per_layer, _host = memory.activation_bytes(sh, cand)
+    # the cost model before issue 36 had no outside_layers_bytes (its layers' backward held the profile's ``final``):
+    # so that the section "before (issue 36 ...)" is this same breakdown of that model
+    outside = (memory.outside_layers_bytes(sh) if hasattr(memory, "outside_layers_bytes")
+               else sh.prof.final.bytes(sh.e, sh.kv_copies) * sh.s)
+    terms = [("weights (bf16 shard)", params - gathered), ("ZeRO-3 gathered", gathered), ("gradients", m.gradients),
+             ("optimizer states", m.optimizer_states)]
+    if m.activations == kept:  # the loss phase is the peak
+        terms += [("activations kept (loss phase)", kept), ("logits + loss", m.logits_loss)]
+    else:
+        terms += [("layer inputs on the device", kept - outside),
+                  ("kept outside the layers", m.activations - transient - (kept - outside))]
+        s, e, p = sh.s, sh.e, sh.prof
+        mlp_e, mlp_f, attn_e, attn_f = memory.layer_transient_phases(sh, cand.checkpointing, cand.mlp_chunks)
+        if memory.mlp_phase_bytes(sh, cand.checkpointing, cand.mlp_chunks) >= s * e * attn_e + s * attn_f:
+            live, live_fixed = mlp_live_per_token(p, POLICY_INDEX[cand.checkpointing], cand.mlp_chunks)
+            live_bytes = s * (live * e + live_fixed)
+            grads = s * (p.mlp_grads.bytes(e) / cand.mlp_chunks)
+            incoming = s * p.mlp_phase_grads.bytes(e)
+            terms += [("MLP phase: MLP tensors alive", live_bytes), ("MLP phase: gradients", grads),
+                      ("MLP phase: incoming gradient", incoming),
+                      ("MLP phase: the rest (attention side recomputed)", transient - live_bytes - grads - incoming)]
+        else:
+            terms.append(("attention phase", transient))
+        terms.append(("logits kept (untiled loss)", m.logits_loss))
+    if m.expert_states:
+        terms.append(("expert states (mixture of experts)", m.expert_states))
+    return terms + [("comm buffers", m.comm_buffers), ("reserve (not allocated)", m.reserve)]
+
+
 def render(label: str, kernel: str | None = None) -> str:
     head = (f"{'system':<6} {'model':<12} {'profile':<8} {'GPUs':>4} {'tokens':>10}  {'features':<30} {'kernel':<7} "
             f"{'published':>9} {'predicted':>9} {'ratio':>6} {'memory GiB':>10} {'alloc GB':>8} {'published':>9} "
@@ -273,6 +316,14 @@ def render(label: str, kernel: str | None = None) -> str:
             misses.append(f"{where}: time off by {100 * (ratio - 1):+.0f}%")
         if mem_ratio is not None and not MEMORY_TARGET[0] <= mem_ratio - 1 <= MEMORY_TARGET[1]:
             misses.append(f"{where}: allocated peak off by {100 * (mem_ratio - 1):+.1f}%")
+    for run in (r for r in RUNS if r.published_memory_gb):
+        cand, est = price(run, kernel)
+        terms = peak_terms(run, cand, est)
+        lines += ["", f"{run.system} {run.seq_len:,} tokens on {run_hardware(run, kernel).world_size}: the predicted "
+                  f"peak, GiB per GPU ({'eager' if run.hf_model_type else 'analytic'} profile)"]
+        lines += [f"  {name:<48} {value / GIB:7.2f}" for name, value in terms]
+        lines.append(f"  {'total (allocated: without the reserve)':<48} {est.memory.total / GIB:7.2f} "
+                     f"({(est.memory.total - est.memory.reserve) / GIB:.2f} GiB = {allocated_gb(est):.2f} GB)")
     lines += ["", "targets (every row fits; time within 10% from 1M tokens; allocated peak within "
               f"{100 * MEMORY_TARGET[0]:+.0f}%/{100 * MEMORY_TARGET[1]:+.0f}% of a published one): "
               + ("met" if not misses else "missed: " + "; ".join(misses)), ""]

@@ -81,6 +81,9 @@ def test_trl_1m_allocated_peak_is_the_published_one():
     kept, transient, per_layer, _ = memory.activation_bytes(sh, cand)
     assert est.memory.activations == kept - memory.outside_layers_bytes(sh) + transient
     assert 33 * 2**30 < transient < 35 * 2**30 and per_layer == 2**30  # one layer input: 131,072 x 4,096 x 2 B
+    terms = dict(study.peak_terms(run, cand, est))                      # the study's breakdown sums to the total
+    assert sum(terms.values()) == pytest.approx(est.memory.total, rel=1e-12)
+    assert terms["kept outside the layers"] == 0 and terms["MLP phase: MLP tensors alive"] == 9 * 2**30  # gate, SiLU, up
 
 
 def test_results_file_keeps_one_section_per_label(tmp_path):
