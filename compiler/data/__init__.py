@@ -1,12 +1,16 @@
 """Text data for ``autosp-train --data``: documents read with the ``datasets`` library, tokenized once
-(cached), EOS-separated and packed into ``--ctx`` sequences trained document by document.
+(cached) into memory-mapped token files, EOS-separated and packed into ``--ctx`` sequences trained document
+by document.
 
 - :mod:`.documents` reads the documents: ``.jsonl`` (the ``--text-field`` of every line), ``.txt``
-  (paragraphs: blocks separated by blank lines), ``.parquet`` (the ``--text-field`` column) or a directory
-  written by ``datasets.Dataset.save_to_disk``; and fingerprints their bytes;
-- :mod:`.tokens` loads the ``--tokenizer`` (a Hugging Face tokenizer directory; default: the model's),
-  tokenizes every document with a progress bar and caches the result, keyed by the content's and the
-  tokenizer's fingerprints, so the next run reads the cache instead;
+  (paragraphs: runs of lines separated by blank or whitespace-only lines), ``.parquet`` (the ``--text-field``
+  column) or a directory written by ``datasets.Dataset.save_to_disk``, into Arrow files on disk;
+- :mod:`.tokenizing` tokenizes them with ``datasets``' ``map(batched=True, num_proc=--data-workers)``, window by
+  window, straight into ``tokens.bin`` / ``starts.bin`` (memory that does not grow with the corpus);
+- :mod:`.tokens` loads the ``--tokenizer`` (a Hugging Face tokenizer directory; default: the model's) and
+  returns the tokenized data, from the cache :mod:`.cache` keeps (keyed by the files' size, mtime and sampled
+  bytes, :mod:`.identity`, and the tokenizer's fingerprint), or tokenized now by one process while the others
+  wait on a file lock;
 - :mod:`.sources` turns the token stream into batches: every batch is a pure function of (seed, micro-step
   index), which is what a resumed run needs to see the batches the uninterrupted run saw.
 """

@@ -60,7 +60,9 @@ class PackedTextSource:
         ids = np.full(seq, self.pad, dtype=np.int64)
         ids[:b - a] = np.asarray(tokens[a:b], dtype=np.int64)
         begins = np.zeros(seq, dtype=bool)
-        inside = starts[(starts > a) & (starts < b)] - a  # documents starting inside this sequence
+        # documents starting inside this sequence (starts is sorted and memory-mapped: a binary search reads a
+        # few pages of it, not the whole array)
+        inside = np.asarray(starts[np.searchsorted(starts, a, "right"):np.searchsorted(starts, b, "left")]) - a
         begins[inside] = True
         ids, positions, labels = pack_row(ids, begins)
         mask = np.ones(seq, dtype=np.int64)

@@ -1,46 +1,29 @@
 """Tokenizing documents once: the tokenizer, its fingerprint, and the token cache.
 
 A run tokenizes every document (``add_special_tokens`` as the tokenizer's defaults say: Llama's adds
-BOS), appends the tokenizer's EOS to each (unless it already ends with it), and stores the concatenated
-ids and the document boundaries. The result is cached under ``$AUTOSP_DATA_CACHE`` (else
-``$XDG_CACHE_HOME/autosp/tokens``, else ``~/.cache/autosp/tokens``) in a directory named by the sha256 of
-the data's bytes, the tokenizer's fingerprint, the text field and :data:`FORMAT`; the names of the files
-play no part, so a renamed copy hits and an edited file misses. The directory appears by one atomic
-rename after its files are written and flushed: a run killed while tokenizing leaves no cache entry,
-and concurrent processes (every rank of a torchrun job) take a file lock so one tokenizes and the rest
-read its result.
+BOS), appends the tokenizer's EOS to each (unless it already ends with it), skips empty ones, and stores the
+ids and the document boundaries as memory-mapped files (:mod:`.tokenizing`, with ``--data-workers`` processes).
+The result is cached under ``$AUTOSP_DATA_CACHE`` (else ``$XDG_CACHE_HOME/autosp/tokens``, else
+``~/.cache/autosp/tokens``) in a directory named by the data files' identity (size, mtime and a sample of their
+bytes: :func:`~autosp.compiler.data.identity.data_identity`), the tokenizer's fingerprint, the text field and the
+cache format; the file's name plays no part, so a renamed file hits and an edited one misses. How the entry is
+published atomically and shared by concurrent processes: :mod:`.cache`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from autosp.compiler.data.cache import FORMAT, building, cache_root, read_entry
 from autosp.errors import UsageError
 from autosp.messages import install_hint, one_line
-
-FORMAT = "autosp-tokens-1"
-"""Bump when what a cache entry holds changes (old entries are then ignored)."""
-
-BATCH_DOCUMENTS = 1000
-"""Documents per tokenizer call (the fast tokenizer parallelises within a batch)."""
-
-
-def cache_root() -> str:
-    override = os.environ.get("AUTOSP_DATA_CACHE")
-    if override:
-        return os.path.expanduser(override)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "autosp", "tokens")
 
 
 def load_tokenizer(path: str | None, flag: str = "--tokenizer"):
@@ -82,122 +65,107 @@ def tokenizer_fingerprint(tokenizer) -> str:
 @dataclass(frozen=True)
 class TokenizedData:
     """The token stream of a text dataset: ``tokens`` (1-D, memory-mapped) and ``starts`` (the offset of
-    every document, then the stream's length)."""
+    every document, then the stream's length; memory-mapped for the cache's entries)."""
 
     tokens: np.ndarray
     starts: np.ndarray
     key: str
     cached: bool  # read from the cache (not tokenized by this call)
     path: str
+    skipped: int = 0  # empty documents, not in the stream
 
     @property
     def documents(self) -> int:
         return len(self.starts) - 1
 
 
-def cache_key(content: str, tokenizer_fp: str, text_field: str) -> str:
-    return hashlib.sha256(json.dumps([FORMAT, content, tokenizer_fp, text_field]).encode()).hexdigest()[:32]
+def cache_key(identity: str, tokenizer_fp: str, text_field: str) -> str:
+    return hashlib.sha256(json.dumps([FORMAT, identity, tokenizer_fp, text_field]).encode()).hexdigest()[:32]
 
 
-def _read_entry(directory: str, key: str, path: str) -> TokenizedData | None:
-    try:
-        tokens = np.load(os.path.join(directory, "tokens.npy"), mmap_mode="r")
-        starts = np.load(os.path.join(directory, "starts.npy"))
-    except (OSError, ValueError):
+def _entry(directory: str, key: str, cached: bool) -> TokenizedData | None:
+    found = read_entry(directory)
+    if found is None:
         return None
-    if starts.size < 2 or int(starts[-1]) != tokens.size:
-        return None
-    return TokenizedData(tokens=tokens, starts=starts, key=key, cached=True, path=directory)
+    tokens, starts, meta = found
+    return TokenizedData(tokens=tokens, starts=starts, key=key, cached=cached, path=directory,
+                         skipped=int(meta.get("skipped", 0)))
 
 
-def _tokenize(documents, tokenizer, show: bool, what: str) -> tuple[np.ndarray, np.ndarray]:
-    from tqdm.auto import tqdm
-
-    eos = tokenizer.eos_token_id
-    pieces, lengths = [], []
-    bar = tqdm(total=len(documents), desc=f"tokenizing {what}", unit="doc", disable=not show, file=sys.stderr,
-               mininterval=1.0)
-    for first in range(0, len(documents), BATCH_DOCUMENTS):
-        texts = [t for t in documents[first:first + BATCH_DOCUMENTS]["text"] if t and t.strip()]
-        if texts:
-            for ids in tokenizer(texts)["input_ids"]:
-                if not ids or ids[-1] != eos:
-                    ids = list(ids) + [eos]
-                pieces.append(np.asarray(ids, dtype=np.int64))
-                lengths.append(len(ids))
-        bar.update(min(BATCH_DOCUMENTS, len(documents) - first))
-    bar.close()
-    if not pieces:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=starts[1:])
-    return np.concatenate(pieces), starts
+def describe(path: str, data: TokenizedData) -> str:
+    skipped = f" ({data.skipped:,} empty skipped)" if data.skipped else ""
+    return f"{path}: {data.documents:,} documents{skipped}, {int(data.tokens.size):,} tokens"
 
 
-def _write_entry(directory: str, tokens: np.ndarray, starts: np.ndarray, meta: dict) -> None:
-    """Write the entry beside its final place and rename it there in one step."""
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-")
-    try:
-        dtype = np.uint32 if tokens.size == 0 or int(tokens.max()) < 2**32 else np.int64
-        for name, array in (("tokens.npy", tokens.astype(dtype)), ("starts.npy", starts)):
-            with open(os.path.join(tmp, name), "wb") as f:
-                np.save(f, array)
-                f.flush()
-                os.fsync(f.fileno())
+def _build(path: str, text_field: str, tokenizer, build, directory: str, flag: str, workers: int, log):
+    """Tokenize ``path`` into a new entry at ``directory`` (the caller holds the key's lock)."""
+    from autosp.compiler.data.documents import load_documents
+    from autosp.compiler.data.tokenizing import Progress, workers_for, write_token_files
+
+    with build.temporary(directory) as tmp:
+        work = os.path.join(tmp, "work")
+        os.makedirs(work)
+        start = time.perf_counter()
+        documents = load_documents(path, text_field, work, flag)
+        workers = workers_for(documents.nbytes, workers)
+        log(f"autosp-train: tokenizing {documents.rows:,} documents of {path} with {workers} worker"
+            f"{'s' if workers > 1 else ''}, once (the next runs read the token cache {directory})", flush=True)
+        progress = Progress(documents.rows, os.path.basename(path.rstrip("/")), log)
+        try:
+            counts = write_token_files(documents, tokenizer, tmp, work, workers, progress)
+        finally:
+            progress.close()
+        if counts.tokens == 0:
+            raise UsageError(f"{flag} {path} holds no text (every document is empty)")
+        shutil.rmtree(work)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-        os.rename(tmp, directory)
-        tmp = None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            json.dump({"format": FORMAT, "documents": counts.documents, "skipped": counts.skipped,
+                       "tokens": counts.tokens, "source": os.path.abspath(path), "text_field": text_field,
+                       "workers": workers, "seconds": round(time.perf_counter() - start, 3)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+    data = _entry(directory, build.key, cached=False)
+    log(f"autosp-train: {describe(path, data)}, tokenized in {time.perf_counter() - start:.1f} s", flush=True)
+    return data
 
 
-def tokenized(path: str, text_field: str, tokenizer, *, show: bool = True, flag: str = "--data",
-              log=print) -> TokenizedData:
-    """The tokenized documents of ``path``: from the cache, or tokenized now and cached. ``show``: print
-    (rank 0); ``log``: where the one-line notes go."""
-    from autosp.compiler.data.documents import content_fingerprint, data_kind, load_documents
+def tokenized(path: str, text_field: str, tokenizer, *, show: bool = True, flag: str = "--data", log=print,
+              workers: int = 1) -> TokenizedData:
+    """The tokenized documents of ``path``: from the cache, or tokenized now (by ``workers`` processes) and
+    cached. ``show``: this process reports (rank 0: a cache hit, a wait for another process); whichever process
+    tokenizes says so and shows its progress. ``log``: where the one-line notes go."""
+    from autosp.compiler.data.documents import data_kind
+    from autosp.compiler.data.identity import data_identity
 
-    data_kind(path, flag)  # missing path, unknown extension, empty file: before hashing anything
-    key = cache_key(content_fingerprint(path), tokenizer_fingerprint(tokenizer), text_field)
+    data_kind(path, flag)  # missing path, unknown extension, empty file: before anything else
+    key = cache_key(data_identity(path), tokenizer_fingerprint(tokenizer), text_field)
     root = cache_root()
     directory = os.path.join(root, key)
-    entry = _read_entry(directory, key, path)
+    entry = _entry(directory, key, cached=True)
     if entry is None:
-        try:
-            os.makedirs(root, exist_ok=True)
-            lock = open(os.path.join(root, f".{key}.lock"), "w")
-        except OSError as err:
-            raise UsageError(f"cannot write the token cache {root}: {err.strerror or err} (set AUTOSP_DATA_CACHE to "
-                             "a writable directory)") from None
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be tokenizing the same data
-            entry = _read_entry(directory, key, path)
+        def waiting():
+            if show:
+                log(f"autosp-train: waiting for another process tokenizing {path} (it holds "
+                    f"{os.path.join(root, f'.{key}.lock')}; it shows the progress)", flush=True)
+
+        with building(root, key, waiting) as build:
+            entry = _entry(directory, key, cached=True)  # the process we waited for built it
             if entry is None:
-                documents = load_documents(path, text_field, flag)
-                if show:
-                    log(f"autosp-train: tokenizing {len(documents):,} documents of {path} once (cached for the next "
-                        f"runs in {directory})", flush=True)
-                start = time.perf_counter()
-                tokens, starts = _tokenize(documents, tokenizer, show, os.path.basename(path.rstrip("/")))
-                if tokens.size == 0:
-                    raise UsageError(f"{flag} {path} holds no text (every document is empty)")
+                failed = build.failed_meanwhile()
+                if failed:
+                    raise UsageError(failed)
                 try:
-                    _write_entry(directory, tokens, starts, {"format": FORMAT, "documents": len(starts) - 1,
-                                                             "tokens": int(tokens.size), "source": os.path.abspath(path),
-                                                             "seconds": round(time.perf_counter() - start, 3)})
-                except OSError as err:
-                    raise UsageError(f"cannot write the token cache {root}: {err.strerror or err} (set "
-                                     "AUTOSP_DATA_CACHE to a writable directory)") from None
-                entry = _read_entry(directory, key, path)
-                return TokenizedData(entry.tokens, entry.starts, key, False, directory)
+                    return _build(path, text_field, tokenizer, build, directory, flag, workers, log)
+                except UsageError as err:
+                    build.record_failure(str(err))
+                    raise
+                except Exception as err:
+                    build.record_failure(f"tokenizing {path} failed in another process: {one_line(err, 300)}")
+                    raise
     if show:
-        log(f"autosp-train: {path}: {entry.documents:,} documents, {entry.tokens.size:,} tokens, read from the token "
-            f"cache {directory}", flush=True)
+        log(f"autosp-train: {describe(path, entry)}, read from the token cache {directory}", flush=True)
     return entry
 
 
-__all__ = ["FORMAT", "TokenizedData", "cache_key", "cache_root", "load_tokenizer", "tokenized", "tokenizer_fingerprint"]
+__all__ = ["FORMAT", "TokenizedData", "cache_key", "cache_root", "describe", "load_tokenizer", "tokenized",
+           "tokenizer_fingerprint"]

@@ -12,13 +12,21 @@ import os
 from autosp.errors import UsageError
 
 
+def default_data_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def add_arguments(parser) -> None:
     data = parser.add_argument_group("text data (--data FILE.jsonl | .txt | .parquet | save_to_disk DIR)")
     data.add_argument("--text-field", default="text",
                       help="the field (.jsonl) or column (.parquet, save_to_disk) holding each document's text "
-                           "(default: text); a .txt file's documents are its paragraphs (blank-line separated)")
+                           "(default: text); a .txt file's documents are its paragraphs (separated by blank or "
+                           "whitespace-only lines)")
     data.add_argument("--tokenizer", metavar="DIR",
                       help="Hugging Face tokenizer directory for text data (default: the --model directory's)")
+    data.add_argument("--data-workers", type=int, default=default_data_workers(), metavar="N",
+                      help="processes that tokenize text data the first time it is read (datasets' map num_proc; "
+                           f"default min(8, CPUs): {default_data_workers()} here); later runs read the token cache")
     optim = parser.add_argument_group("optimizer (AdamW) and learning-rate schedule")
     optim.add_argument("--min-lr", type=float, default=0.0, help="the rate linear and cosine decay to by the last "
                                                                  "step (default 0)")
@@ -54,7 +62,8 @@ def check(args) -> None:
     for flag, value in (("--weight-decay", args.weight_decay), ("--grad-clip", args.grad_clip)):
         if value is not None and (not math.isfinite(value) or value < 0):
             raise UsageError(f"{flag} must be a finite number >= 0, got {value!r}")
-    for flag, value in (("--eval-every", args.eval_every), ("--eval-steps", args.eval_steps)):
+    for flag, value in (("--eval-every", args.eval_every), ("--eval-steps", args.eval_steps),
+                        ("--data-workers", getattr(args, "data_workers", 1))):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
     if (args.eval_every is not None or args.eval_steps is not None) and args.eval_data is None:
@@ -95,7 +104,8 @@ def _text_tokens(path: str, flag: str, args, facts, show: bool):
             raise UsageError(f"the tokenizer has {len(tokenizer):,} tokens and the model's vocabulary {vocab:,}: "
                              "use the model's own tokenizer (--tokenizer), or a model with a larger --vocab")
         args._tokenizer = tokenizer
-    return tokenized(path, args.text_field, args._tokenizer, show=show, flag=flag)
+    return tokenized(path, args.text_field, args._tokenizer, show=show, flag=flag,
+                     workers=getattr(args, "data_workers", 1))
 
 
 def _file_stream(tokens, separators):

@@ -11,13 +11,14 @@ TINY_FLAGS = ["--model", "llama-3.2-1b", "--layers", "2", "--hidden", "64", "--h
               "--ffn", "128", "--vocab", "97"]
 
 
-def make_tokenizer(directory) -> str:
-    """``<unk>`` 0, ``<pad>`` 1, ``<eos>`` 2, then words ``w0 ... w89``: 93 tokens (the tiny model has 97)."""
+def make_tokenizer(directory, extra_words: int = 0) -> str:
+    """``<unk>`` 0, ``<pad>`` 1, ``<eos>`` 2, then words ``w0 ... w89``: 93 tokens (the tiny model has 97);
+    ``extra_words`` more words make another tokenizer."""
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<pad>": 1, "<eos>": 2}
-    vocab.update({f"w{i}": 3 + i for i in range(WORDS)})
+    vocab.update({f"w{i}": 3 + i for i in range(WORDS + extra_words)})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>",
