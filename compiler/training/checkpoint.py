@@ -1,37 +1,51 @@
-"""Checkpoints that any plan can load: full fp32 weights and per-parameter optimizer states, per tensor.
+"""Checkpoints that any plan can load, written by every rank at once through ``torch.distributed.checkpoint`` (DCP).
 
 Layout of one checkpoint directory (``SPEngine.save_checkpoint(dir)``; ``autosp-train --save-dir`` keeps one
 per saved step, ``step-00000004/`` ..., and a ``latest`` file naming the newest)::
 
-    shard-00000.safetensors ...  per parameter NAME: "weight/NAME" (fp32 master weights) and "STATE/NAME" for
-                                 every tensor state of the optimizer ("exp_avg/NAME", "exp_avg_sq/NAME" for Adam)
-    engine.pt                    optimizer hyper-parameters and scalar states (Adam's step), the LR scheduler's
-                                 state_dict, DeepSpeed's step counters (torch.save of plain values only)
-    rng/rank-00000.pt ...        each rank's RNG states (python, numpy, torch, CUDA)
-    config.json                  the Hugging Face config of the model, when it has one
-    meta.json                    written last: format, the plan it was saved under, the model, every parameter's
-                                 shape and shard, every file's size, and the caller's ``client_state``
+    __0_0.distcp ...   one file per rank (DCP's): the rank's own fragments of every parameter's fp32 master weight
+                       ("weight/NAME") and of every tensor state of the optimizer ("exp_avg/NAME", "exp_avg_sq/NAME"
+                       for Adam), each a range of the flattened tensor; rank R's RNG states ("rng/rank-R": python,
+                       numpy, torch, CUDA); in rank 0's, the engine's state ("engine": optimizer hyper-parameters and
+                       scalar states such as Adam's step, the LR scheduler's state_dict, DeepSpeed's step counters)
+    .metadata          DCP's global layout: every tensor's size and which rank's file holds which range of it
+    config.json        the Hugging Face config of the model, when it has one
+    meta.json          written last, by rank 0: format and version, the plan it was saved under, the model, every
+                       parameter's shape, every file's size, and the caller's ``client_state``
 
-Why not DeepSpeed's own checkpoint files. ``DeepSpeedEngine.save_checkpoint`` writes each rank's ZeRO partition
-of the flat optimizer buffers; those only load under the same data-parallel world and ZeRO stage, and DeepSpeed's
-universal checkpoint (``ds_to_universal.py``) converts them offline into per-parameter files, but only from ZeRO
-1-3 checkpoints, as a separate step that reads the whole checkpoint again. autosp changes the world (SP x DP: all
-ranks are DeepSpeed's data-parallel world) and the ZeRO stage between plans, so it writes the per-parameter form
-directly, with DeepSpeed's own accessors for the full fp32 parameter and optimizer state of a parameter at any
-ZeRO stage (``deepspeed.utils.safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state`` and their
-``safe_set_*`` counterparts, the same tensor-fragment mapping universal checkpoints load through). One tensor is
-gathered at a time and at most ``SHARD_BYTES`` are held before a shard is written, so no rank ever holds the whole
-model; on load every rank reads only the tensors of its own parameters, lazily (``safetensors.safe_open``), and
-keeps its own partition.
+What each rank writes. Its ZeRO partition as it holds it (:mod:`.engine_fragments`): at ZeRO-3 its partition of
+every parameter, at ZeRO-1/2 its piece of the flat fp32 buffer, cut at parameter boundaries; parameters every
+rank holds whole (ZeRO-0, frozen ones) are split evenly, so every rank writes about 1/world of the bytes. Nothing
+is gathered: the previous format gathered every parameter and state to rank 0, one collective per tensor, and
+rank 0 alone wrote all of it while the other ranks waited.
 
-Atomicity. Everything is written into ``.NAME.partial`` next to the target, each file fsynced, then ``meta.json``
-(fsynced) and the directory is renamed into place (and the parent fsynced): a checkpoint directory without a
-readable ``meta.json`` is incomplete and never loaded. A failure (a full disk) on any rank is agreed on by all
-ranks, the partial directory is removed, and every rank raises the same one-line error.
+Resharding. A tensor is stored as ranges of its flattened form with their global offsets
+(:mod:`.dcp_planners`), so a load asks DCP for whatever range the loading rank holds under its own plan (another
+SP degree, ring, ZeRO stage, offload or GPU count) and DCP reads the overlapping pieces of the saving ranks'
+files. Each rank reads on its own (``no_dist``), a group of tensors at a time, straight into its partition.
+
+Why not DeepSpeed's own checkpoint files. ``DeepSpeedEngine.save_checkpoint`` writes each rank's flat optimizer
+buffers, which load only under the same data-parallel world and ZeRO stage (DeepSpeed's universal checkpoint
+converts them offline, as a second pass over the whole checkpoint). autosp changes the world (SP x DP: all ranks
+are DeepSpeed's data-parallel world) and the ZeRO stage between plans, so it writes per-parameter ranges directly.
+
+Atomicity. Everything is written into ``.NAME.partial`` next to the target (DCP fsyncs each file), then
+``meta.json`` (fsynced) and the directory is renamed into place (and the parent fsynced): a checkpoint directory
+without a readable ``meta.json`` is incomplete and never loaded. A failure (a full disk) on any rank is agreed on
+by all ranks (DCP gathers every rank's write result), the partial directory is removed, and every rank raises the
+same one-line error.
+
+Asynchronous saves (``asynchronous=True``, ``autosp-train --async-save``): the rank's fragments are copied to
+host memory (DCP's staging), ``dcp.async_save`` writes them in a background thread while training goes on, and
+the partial directory is published when the write is complete (:class:`PendingSave`).
+
+Format version 1 (``shard-*.safetensors`` with full tensors, ``engine.pt``, ``rng/rank-*.pt``: what autosp wrote
+before DCP) is still read: resume, warm start and export (:mod:`.checkpoint_read`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -40,13 +54,15 @@ from dataclasses import asdict
 
 from autosp.errors import AutospError, UsageError
 
-__all__ = ["FORMAT", "META", "CheckpointWriteError", "load_engine_checkpoint", "read_meta", "rng_state",
-           "save_engine_checkpoint", "set_rng_state", "write_file"]
+__all__ = ["FORMAT", "META", "CheckpointWriteError", "PendingSave", "load_engine_checkpoint", "read_meta",
+           "rng_state", "save_engine_checkpoint", "set_rng_state", "storage_writer", "write_file"]
 
 FORMAT = "autosp-checkpoint"
-VERSION = 1
+VERSION = 2  # 1: rank 0 wrote safetensors shards of full tensors; 2: DCP, every rank its own fragments
 META = "meta.json"
-SHARD_BYTES = 1 << 30  # what rank 0 holds before writing a shard (the gathered tensors of a few layers)
+LOAD_BYTES = 1 << 28  # what one rank reads per DCP load on resume (its fragments of a few layers), beyond one tensor
+# what a directory holds when a save into it began: it is an interrupted checkpoint, not some other directory
+PARTIAL_SIGNS = (".metadata", "engine.pt", "rng", "config.json")
 
 
 class CheckpointWriteError(AutospError):
@@ -58,7 +74,7 @@ class CheckpointWriteError(AutospError):
 # -- files ------------------------------------------------------------------------------------------
 def write_file(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` and fsync it (inside a partial directory: the rename of the directory is what
-    publishes it). The one writer of checkpoint bytes (tests make it fail with ENOSPC)."""
+    publishes it)."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -73,14 +89,29 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _torch_bytes(obj) -> bytes:
-    import io
+def storage_writer(path: str):
+    """The DCP writer of a checkpoint's files: one file per rank, each fsynced (tests subclass it to fail)."""
+    from torch.distributed.checkpoint import FileSystemWriter
 
+    return FileSystemWriter(path, single_file_per_rank=True, sync_files=True)
+
+
+def _torch_bytes(obj) -> bytes:
     import torch
 
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+def _looks_partial(directory: str) -> bool:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return os.path.basename(directory.rstrip(os.sep)).endswith(".partial") or any(
+        n in PARTIAL_SIGNS or n.endswith(".distcp") or (n.startswith("shard-") and n.endswith(".safetensors"))
+        for n in names)
 
 
 def read_meta(directory: str) -> dict:
@@ -92,7 +123,10 @@ def read_meta(directory: str) -> dict:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise UsageError(f"checkpoint {directory} is incomplete (no {META}: its save was interrupted)") from None
+        if _looks_partial(directory):
+            raise UsageError(f"checkpoint {directory} is incomplete (no {META}: its save was interrupted)") from None
+        raise UsageError(f"{directory} is not an autosp checkpoint (no {META}); give a checkpoint directory "
+                         "(a --save-dir's step-N) or a --save-dir") from None
     except (OSError, ValueError) as err:
         raise UsageError(f"checkpoint {directory} is corrupt ({META} unreadable: {str(err)[:120]})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -158,21 +192,6 @@ def _is_zero3(param) -> bool:
     return hasattr(param, "ds_id")
 
 
-def _full_weight(param):
-    """This parameter's full fp32 master weight (collective under ZeRO 1-3: every rank must call it)."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    value = safe_get_full_fp32_param(param)
-    if value is None:
-        if _is_zero3(param):  # a frozen ZeRO-3 parameter has no master copy: gather the weight itself
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([param]):
-                return param.detach().float().cpu().clone()
-        return param.detach().float().cpu().clone()
-    return value.detach().float().cpu()
-
-
 def _optimizer_keys(inner) -> tuple[list, dict]:
     """(tensor state keys, {scalar key: value}) of the optimizer, read from its first parameter's state."""
     import torch
@@ -190,14 +209,6 @@ def _optimizer_keys(inner) -> tuple[list, dict]:
     return [], {}
 
 
-def _full_state(ds_engine, inner, param, key):
-    from deepspeed.utils import safe_get_full_optimizer_state
-
-    if hasattr(param, "_hp_mapping") or _is_zero3(param):
-        return safe_get_full_optimizer_state(param, key).detach().float().cpu()
-    return inner.state[param][key].detach().float().cpu()  # ZeRO-0 fp32: the parameter is the master
-
-
 def _agree(failed: bool) -> bool:
     """True when any rank failed (all ranks get the same answer)."""
     import torch
@@ -209,6 +220,19 @@ def _agree(failed: bool) -> bool:
             flag = flag.cuda()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def _first_message(message: str | None) -> str | None:
+    """The first rank's message, on every rank (None when no rank has one)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return message
+    if not _agree(message is not None):
+        return None
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, message)
+    return next(m for m in messages if m is not None)
 
 
 def _barrier():
@@ -240,9 +264,16 @@ def model_description(module) -> dict:
 
 
 # -- save -----------------------------------------------------------------------------------------------
-def save_engine_checkpoint(engine, directory: str, client_state: dict | None = None) -> str:
+def save_engine_checkpoint(engine, directory: str, client_state: dict | None = None, *,
+                           asynchronous: bool = False):
     """Write ``engine``'s full training state to ``directory`` (see the module docstring). Collective: every rank
-    calls it with the same directory (on a filesystem all ranks see). Returns the directory."""
+    calls it with the same directory (on a filesystem all ranks see). Returns the directory, or with
+    ``asynchronous`` a :class:`PendingSave` whose :meth:`~PendingSave.wait` (collective) returns it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from autosp.compiler.training.dcp_planners import FlatSavePlanner
+
     ds = engine.ds_engine
     rank, world = _rank_world()
     directory = os.path.abspath(directory)
@@ -253,117 +284,89 @@ def save_engine_checkpoint(engine, directory: str, client_state: dict | None = N
         try:
             os.makedirs(parent, exist_ok=True)
             shutil.rmtree(partial, ignore_errors=True)  # a save killed earlier
-            os.makedirs(os.path.join(partial, "rng"))
+            os.makedirs(partial)
+            config = getattr(ds.module, "config", None)
+            if hasattr(config, "to_json_string"):
+                write_file(os.path.join(partial, "config.json"), config.to_json_string().encode())
         except OSError as err:
             failure = err
     _fail_together(failure, partial, directory, rank)
 
     inner = _inner_optimizer(ds)
-    keys, scalars = _optimizer_keys(inner) if inner is not None else ([], {})
-    keys_agreed = _broadcast_object((keys, scalars))
-    keys, scalars = keys_agreed
-    params, files, failure = _write_shards(ds, inner, keys, partial, rank)
-    failure = _write_states(ds, inner, scalars, partial, rank, files, failure)
+    keys, scalars = _broadcast_object(_optimizer_keys(inner) if inner is not None else ([], {}))
+    state, fragments = _state_dict(ds, inner, keys, scalars, rank, world)
+    meta = _meta(engine, inner, keys, scalars, world, client_state)
+    planner = FlatSavePlanner(fragments)
+    if asynchronous:
+        future = dcp.async_save(state, storage_writer=storage_writer(partial), planner=planner,
+                                process_group=_dcp_group())
+        return PendingSave(future, partial, directory, meta, rank)
+    try:
+        dcp.save(state, storage_writer=storage_writer(partial), planner=planner, process_group=_dcp_group())
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP raises the same one on every rank
+        failure = err
     _fail_together(failure, partial, directory, rank)
-    if rank == 0:
-        meta = _meta(engine, inner, keys, scalars, params, files, partial, world, client_state)
-        try:
-            write_file(os.path.join(partial, META), json.dumps(meta, indent=1, default=str).encode())
-            fsync_dir(os.path.join(partial, "rng"))
-            fsync_dir(partial)
-            _publish(partial, directory)
-        except OSError as err:
-            failure = err
-    _fail_together(failure, partial, directory, rank)
+    _finish(partial, directory, meta, rank)
     return directory
 
 
-def _write_shards(ds, inner, keys: list, partial: str, rank: int):
-    """Every parameter's full weight and optimizer states, gathered, in safetensors shards of about SHARD_BYTES:
-    ({parameter: its shape and shard}, {file: bytes}, the first OSError of rank 0 or None)."""
-    from safetensors.torch import save as safetensors_bytes
+def _state_dict(ds, inner, keys: list, scalars: dict, rank: int, world: int) -> tuple[dict, dict]:
+    """This rank's DCP state dict ({key: its fragment, or bytes}) and the fragments' places ({key: (numel,
+    offset)})."""
+    from autosp.compiler.training.checkpoint_read import rng_key
+    from autosp.compiler.training.engine_fragments import parts, saved_tensors
 
-    params, files, pending, pending_bytes, shard = {}, {}, {}, 0, 0
+    state, fragments = {}, {}
+    for part in parts(named_parameters(ds.module), rank, world, loading=False):
+        if part.length == 0:
+            continue
+        for key, tensor in saved_tensors(part, inner, keys).items():
+            state[f"{key}/{part.name}"] = tensor
+            fragments[f"{key}/{part.name}"] = (part.numel, part.offset)
+    state[rng_key(rank)] = _torch_bytes(rng_state())
+    if rank == 0:
+        state["engine"] = _torch_bytes({
+            "param_groups": [{k: v for k, v in group.items() if k != "params"}
+                             for group in (inner.param_groups if inner is not None else [])],
+            "scalars": scalars,
+            "lr_scheduler": ds.lr_scheduler.state_dict() if getattr(ds, "lr_scheduler", None) is not None else None,
+            "counters": {k: int(getattr(ds, k, 0)) for k in ("global_steps", "global_samples", "micro_steps",
+                                                               "skipped_steps")},
+        })
+    return state, fragments
+
+
+def _meta(engine, inner, keys: list, scalars: dict, world: int, client_state) -> dict:
+    """The checkpoint's meta.json, less its file sizes (added once the files are written)."""
+    ds = engine.ds_engine
+    c = engine.candidate
+    params = {name: {"shape": list(p.ds_shape if _is_zero3(p) else p.shape), "trainable": bool(p.requires_grad)}
+              for name, p in named_parameters(ds.module)}
+    return {"format": FORMAT, "version": VERSION, "storage": "torch.distributed.checkpoint",
+            "autosp_version": _version(), "world": world, "candidate": asdict(c), "plan": c.short(),
+            "dtype": engine.dtype, "step": int(ds.global_steps), "model": model_description(ds.module),
+            "optimizer": {"class": type(inner).__name__ if inner else None, "tensor_states": keys,
+                          "scalars": scalars},
+            "params": params, "files": {}, "client_state": client_state or {}}
+
+
+def _finish(partial: str, directory: str, meta: dict, rank: int) -> None:
+    """Rank 0 writes meta.json (every rank's files are complete: DCP returned on all of them) and publishes the
+    directory; a failure is every rank's error (collective)."""
     failure = None
-
-    def flush():
-        nonlocal pending, pending_bytes, shard, failure
-        if not pending_bytes:
-            return
-        file = f"shard-{shard:05d}.safetensors"
-        if rank == 0 and failure is None:
-            try:
-                data = safetensors_bytes(pending)
-                write_file(os.path.join(partial, file), data)
-                files[file] = len(data)
-            except OSError as err:
-                failure = err
-        shard += 1
-        pending, pending_bytes = {}, 0
-
-    # Every rank runs the same loop (the gathers are collectives) and counts the same bytes, so all agree on
-    # which shard holds which parameter; only rank 0 keeps and writes the tensors.
-    for pname, param in named_parameters(ds.module):
-        weight = _full_weight(param)
-        tensors = {f"weight/{pname}": weight}
-        for key in keys:
-            tensors[f"{key}/{pname}"] = _full_state(ds, inner, param, key)
-        if rank == 0:
-            pending.update({k: v.contiguous() for k, v in tensors.items()})
-        params[pname] = {"shape": list(weight.shape), "shard": f"shard-{shard:05d}.safetensors"}
-        pending_bytes += sum(v.numel() * 4 for v in tensors.values())
-        if pending_bytes >= SHARD_BYTES:
-            flush()
-    flush()
-    return params, files, failure
-
-
-def _write_states(ds, inner, scalars: dict, partial: str, rank: int, files: dict, failure):
-    """This rank's RNG state; on rank 0 the engine's state (optimizer groups and scalars, scheduler, counters) and
-    the model config. Returns the first failure (``failure`` if one came before)."""
-    module = ds.module
-    rng_file = f"rng/rank-{rank:05d}.pt"
-    try:
-        write_file(os.path.join(partial, rng_file), _torch_bytes(rng_state()))
-    except OSError as err:
-        failure = failure or err
-    if rank == 0 and failure is None:
+    if rank == 0:
         try:
-            engine_state = {
-                "param_groups": [{k: v for k, v in group.items() if k != "params"}
-                                 for group in (inner.param_groups if inner is not None else [])],
-                "scalars": scalars,
-                "lr_scheduler": ds.lr_scheduler.state_dict() if getattr(ds, "lr_scheduler", None) is not None
-                else None,
-                "counters": {k: int(getattr(ds, k, 0)) for k in ("global_steps", "global_samples", "micro_steps",
-                                                                   "skipped_steps")},
-            }
-            data = _torch_bytes(engine_state)
-            write_file(os.path.join(partial, "engine.pt"), data)
-            files["engine.pt"] = len(data)
-            config = getattr(module, "config", None)
-            if hasattr(config, "to_json_string"):
-                data = config.to_json_string().encode()
-                write_file(os.path.join(partial, "config.json"), data)
-                files["config.json"] = len(data)
+            _write_meta_and_publish(partial, directory, meta)
         except OSError as err:
             failure = err
-    return failure
+    _fail_together(failure, partial, directory, rank)
 
 
-def _meta(engine, inner, keys: list, scalars: dict, params: dict, files: dict, partial: str, world: int,
-          client_state) -> dict:
-    """The checkpoint's meta.json (rank 0, once every rank's files are written): what it holds and for which plan."""
-    ds = engine.ds_engine
-    for r in range(world):
-        rf = os.path.join(partial, f"rng/rank-{r:05d}.pt")
-        files[f"rng/rank-{r:05d}.pt"] = os.path.getsize(rf)
-    c = engine.candidate
-    return {"format": FORMAT, "version": VERSION, "autosp_version": _version(), "world": world,
-            "candidate": asdict(c), "plan": c.short(), "dtype": engine.dtype, "step": int(ds.global_steps),
-            "model": model_description(ds.module), "optimizer": {"class": type(inner).__name__ if inner else None,
-                                                                 "tensor_states": keys, "scalars": scalars},
-            "params": params, "files": files, "client_state": client_state or {}}
+def _write_meta_and_publish(partial: str, directory: str, meta: dict) -> None:
+    files = {name: os.path.getsize(os.path.join(partial, name)) for name in sorted(os.listdir(partial))}
+    write_file(os.path.join(partial, META), json.dumps({**meta, "files": files}, indent=1, default=str).encode())
+    fsync_dir(partial)
+    _publish(partial, directory)
 
 
 def _publish(partial: str, directory: str) -> None:
@@ -379,15 +382,87 @@ def _publish(partial: str, directory: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _reason(failure) -> str:
+    """One line for what went wrong: an OSError's own words (DCP wraps each rank's exception)."""
+    if isinstance(failure, OSError):
+        return failure.strerror or str(failure)
+    for err in (getattr(failure, "failures", None) or {}).values():  # DCP's: {rank: (exception, traceback)}
+        err = err[0] if isinstance(err, tuple) else err
+        while err is not None and not isinstance(err, OSError):
+            err = err.__cause__ or err.__context__
+        if err is not None:
+            return err.strerror or str(err)
+    return str(failure).splitlines()[0][:200] if failure is not None else "another rank could not write"
+
+
 def _fail_together(failure, partial: str, directory: str, rank: int) -> None:
     """When any rank failed to write its part, every rank raises the same line and the partial directory goes."""
-    if not _agree(failure is not None):
+    reason = _first_message(None if failure is None else _reason(failure))
+    if reason is None:
         return
     if rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
-    reason = (failure.strerror or str(failure)) if isinstance(failure, OSError) else "another rank could not write"
     raise CheckpointWriteError(f"cannot write checkpoint {directory}: {reason}; nothing was saved (any earlier "
                                "checkpoint is intact)")
+
+
+class PendingSave:
+    """An asynchronous save under way: DCP writes the staged fragments in a background thread; the partial
+    directory is published by :meth:`poll` (rank 0, after any step, once the write is complete) or
+    :meth:`wait` (every rank: before the next save and at exit)."""
+
+    def __init__(self, future, partial: str, directory: str, meta: dict, rank: int):
+        self.future, self.partial, self.directory, self.meta, self.rank = future, partial, directory, meta, rank
+        self.published = False
+        self._error: Exception | None = None
+
+    def poll(self) -> bool:
+        """Rank 0: publish when the write is complete and succeeded; True when it was published now. (DCP's
+        success on rank 0 means every rank's files are written: it gathers their results before returning.)"""
+        if self.rank != 0 or self.published or self._error is not None or not self.future.done():
+            return False
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            self.future.result()
+            _write_meta_and_publish(self.partial, self.directory, self.meta)
+            self.published = True
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - reported by wait(), agreed by all ranks
+            self._error = err
+        return self.published
+
+    def wait(self) -> str:
+        """Wait for the write and publish it (collective); the one-line error of any rank's failure."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        failure = self._error
+        if failure is None:
+            try:
+                self.future.result()
+            except (Exception, CheckpointException) as err:  # noqa: BLE001 - the same on every rank
+                failure = err
+        if failure is None:
+            self.poll()
+            failure = self._error
+        _fail_together(failure, self.partial, self.directory, self.rank)
+        return self.directory
+
+
+_DCP_GROUP = []
+
+
+def _dcp_group():
+    """A gloo group of all ranks for DCP's planning collectives (small pickled plans, host memory): an
+    asynchronous save runs them in a background thread, which must not share a group with the training's
+    collectives, and ``async_save`` refuses a group without a CPU backend (NCCL, the training's on GPUs).
+    Created at the first save, which every rank makes."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    if not _DCP_GROUP:
+        _DCP_GROUP.append(dist.new_group(backend="gloo"))
+    return _DCP_GROUP[0]
 
 
 def _broadcast_object(obj):
@@ -425,41 +500,77 @@ def check_model(meta: dict, module, directory: str) -> None:
 
 
 def load_engine_checkpoint(engine, directory: str, *, load_optimizer: bool = True) -> dict:
-    """Load a checkpoint written by :func:`save_engine_checkpoint` (under any plan) into ``engine``: weights,
-    optimizer states and hyper-parameters, the LR scheduler, DeepSpeed's step counters and, when the world
-    size is unchanged, this rank's RNG states. Returns the checkpoint's ``meta`` (``meta['client_state']`` is
-    what the caller saved). Collective under ZeRO-3 (every rank calls it)."""
-    import torch
-    from safetensors import safe_open
+    """Load a checkpoint written by :func:`save_engine_checkpoint` (under any plan, either format version) into
+    ``engine``: weights, optimizer states and hyper-parameters, the LR scheduler, DeepSpeed's step counters and,
+    when the world size is unchanged, this rank's RNG states. Returns the checkpoint's ``meta``
+    (``meta['client_state']`` is what the caller saved). Collective (every rank calls it)."""
+    from autosp.compiler.training.checkpoint_read import Reader, rng_key
+    from autosp.compiler.training.engine_fragments import finish_load, parts, prepare_load
 
     meta = read_meta(directory)
     ds = engine.ds_engine
-    module = ds.module
-    check_model(meta, module, directory)
+    check_model(meta, ds.module, directory)
     inner = _inner_optimizer(ds)
-    keys = meta["optimizer"]["tensor_states"] if load_optimizer else []
-    scalars = meta["optimizer"]["scalars"]
-    if keys and inner is not None:
-        _ensure_optimizer_states(ds, inner, keys, scalars)
-    handles = {}
+    keys = meta["optimizer"]["tensor_states"] if load_optimizer and inner is not None else []
+    if keys:
+        _ensure_optimizer_states(ds, inner, keys, meta["optimizer"]["scalars"])
+    rank, world = _rank_world()
+    reader = Reader(directory, meta)
+    prepare_load(ds)
+    problem, objects = None, {}
     try:
-        for name, param in named_parameters(module):
-            file = meta["params"][name]["shard"]
-            if file not in handles:
-                handles[file] = safe_open(os.path.join(directory, file), framework="pt")
-            reader = handles[file]
-            weight = reader.get_tensor(f"weight/{name}")
-            _set_weight(param, weight)
-            for key in keys:
-                _set_state(inner, param, reader.get_tensor(f"{key}/{name}"), key)
-    except (OSError, KeyError, RuntimeError, ValueError) as err:  # a damaged shard
-        raise UsageError(f"checkpoint {directory} is corrupt: {str(err).splitlines()[0][:160]}") from None
-    finally:
-        handles.clear()
-    try:
-        state = torch.load(os.path.join(directory, "engine.pt"), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable engine.pt is the same corrupt checkpoint
-        raise UsageError(f"checkpoint {directory} is corrupt: engine.pt unreadable ({type(err).__name__})") from None
+        _load_parts(reader, parts(named_parameters(ds.module), rank, world, loading=True), inner, keys, meta)
+        objects = reader.objects(["engine", rng_key(rank)])
+        if "engine" not in objects:
+            raise KeyError("no engine state")
+    except Exception as err:  # noqa: BLE001 - any unreadable piece is the same corrupt checkpoint
+        problem = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}" if str(err) else type(err).__name__
+    problem = _first_message(problem)
+    if problem is not None:
+        raise UsageError(f"checkpoint {directory} is corrupt ({problem}); resume from an earlier one")
+    finish_load(ds)
+    _restore_engine_state(ds, inner, objects["engine"], load_optimizer)
+    if meta["world"] == world and rng_key(rank) in objects:
+        set_rng_state(objects[rng_key(rank)])
+    return meta
+
+
+def _load_parts(reader, all_parts, inner, keys, meta) -> None:
+    """Read this rank's fragments, a group of about LOAD_BYTES at a time, and write them into the engine."""
+    import torch
+
+    from autosp.compiler.training.engine_fragments import apply_loaded
+
+    group, size = [], 0
+
+    def flush():
+        wants, values = {}, []
+        for part in group:
+            mine = {}
+            names = ["weight", *(keys if part.trainable and meta["params"][part.name].get("trainable", True)
+                                 else ())]
+            for key in names:
+                mine[key] = torch.empty(part.length, dtype=torch.float32)
+                wants[f"{key}/{part.name}"] = (part.numel, part.offset, mine[key])
+            values.append((part, mine))
+        reader.fill(wants)
+        for part, mine in values:
+            apply_loaded(part, inner, mine)
+
+    for part in all_parts:
+        if part.length == 0:
+            continue
+        group.append(part)
+        size += part.length * 4 * (1 + len(keys))
+        if size >= LOAD_BYTES:
+            flush()
+            group, size = [], 0
+    if group:
+        flush()
+
+
+def _restore_engine_state(ds, inner, state: dict, load_optimizer: bool) -> None:
+    """Optimizer hyper-parameters, the LR scheduler and DeepSpeed's counters from the saved engine state."""
     if load_optimizer and inner is not None:
         groups = state["param_groups"]
         for i, group in enumerate(inner.param_groups):
@@ -471,11 +582,6 @@ def load_engine_checkpoint(engine, directory: str, *, load_optimizer: bool = Tru
             ds.lr_scheduler.load_state_dict(state["lr_scheduler"])
     for key, value in state["counters"].items():
         setattr(ds, key, value)
-    rank, world = _rank_world()
-    rng_file = os.path.join(directory, f"rng/rank-{rank:05d}.pt")
-    if meta["world"] == world and os.path.exists(rng_file):
-        set_rng_state(torch.load(rng_file, weights_only=False))
-    return meta
 
 
 def _ensure_optimizer_states(ds, inner, keys, scalars) -> None:
@@ -497,31 +603,3 @@ def _ensure_optimizer_states(ds, inner, keys, scalars) -> None:
     link = getattr(ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:
         link()
-
-
-def _set_weight(param, value) -> None:
-    import torch
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    with torch.no_grad():
-        if _is_zero3(param):
-            import deepspeed
-
-            safe_set_full_fp32_param(param, value.to(param.ds_tensor.device))
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                param.data.copy_(value.to(param.device, param.dtype))
-            return
-        if hasattr(param, "_hp_mapping"):
-            safe_set_full_fp32_param(param, value.to(param.device))
-        param.data.copy_(value.to(param.device, param.dtype))
-
-
-def _set_state(inner, param, value, key) -> None:
-    import torch
-    from deepspeed.utils import safe_set_full_optimizer_state
-
-    with torch.no_grad():
-        if hasattr(param, "_hp_mapping") or _is_zero3(param):
-            safe_set_full_optimizer_state(param, value, key)
-        else:
-            inner.state[param][key].copy_(value.to(inner.state[param][key].device))

@@ -2,10 +2,12 @@
 
 Writes ``config.json``, the weights as safetensors (``model.safetensors``, or ``model-0000i-of-0000N.safetensors``
 shards and ``model.safetensors.index.json`` beyond ``SHARD_BYTES``) and, when the run used a tokenizer, its
-files: ``transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`` loads it. The checkpoint holds full fp32
-weights per parameter whatever the plan and ZeRO stage it was saved under, so the export reads them one tensor
-at a time (``safetensors.safe_open``) and holds at most one output shard: no GPU, no process group, no full model
-in memory. It needs no transformers either; only loading the result does.
+files: ``transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`` loads it. The checkpoint holds every
+parameter's fp32 weight as ranges written by the saving ranks, whatever the plan and ZeRO stage; the export asks
+torch.distributed.checkpoint for whole tensors, a group of about 1 GiB at a time, in one process
+(``dcp.load(..., no_dist=True)``, :mod:`.checkpoint_read`), and holds at most that group and one output shard: no
+GPU, no process group, no full model in memory. It needs no transformers either; only loading the result does.
+Checkpoints of format version 1 (safetensors shards) are read one tensor at a time.
 
 - A Hugging Face model (trained from a config.json): the checkpoint's ``config.json`` and parameter names.
 - autosp's reference Llama (a preset, :mod:`autosp.compiler.models.llama`): written as ``LlamaForCausalLM``
@@ -104,7 +106,6 @@ def _resolve(checkpoint: str) -> str:
 def export_hf(checkpoint: str, out: str, dtype: str = "fp32") -> str:
     """Write the Hugging Face model directory ``out`` from the autosp checkpoint ``checkpoint``; returns ``out``."""
     import torch
-    from safetensors import safe_open
     from safetensors.torch import save as safetensors_bytes
 
     from autosp.compiler.training.checkpoint import fsync_dir, read_meta, write_file
@@ -136,7 +137,7 @@ def export_hf(checkpoint: str, out: str, dtype: str = "fp32") -> str:
     shutil.rmtree(partial, ignore_errors=True)
     try:
         os.makedirs(partial)  # and the missing parents
-        shards, pending, pending_bytes, handles = [], {}, 0, {}
+        shards, pending, pending_bytes = [], {}, 0
 
         def flush():
             nonlocal pending, pending_bytes
@@ -146,17 +147,13 @@ def export_hf(checkpoint: str, out: str, dtype: str = "fp32") -> str:
                 shards.append((name, list(pending)))
                 pending, pending_bytes = {}, 0
 
-        for name, info in meta["params"].items():  # the model's order: one tensor read at a time
-            file = info["shard"]
-            if file not in handles:
-                handles[file] = safe_open(os.path.join(checkpoint, file), framework="pt")
-            tensor = handles[file].get_tensor(f"weight/{name}").to(torch_dtype).contiguous()
+        for name, weight in _weights(checkpoint, meta):  # the model's order, a few tensors read at a time
+            tensor = weight.to(torch_dtype).contiguous()
             pending[rename(name)] = tensor
             pending_bytes += tensor.numel() * tensor.element_size()
             if pending_bytes >= SHARD_BYTES:
                 flush()
         flush()
-        handles.clear()
         if len(shards) == 1:
             os.rename(os.path.join(partial, shards[0][0]), os.path.join(partial, "model.safetensors"))
         else:
@@ -176,10 +173,24 @@ def export_hf(checkpoint: str, out: str, dtype: str = "fp32") -> str:
             os.rmdir(out)  # empty (checked above)
         os.rename(partial, out)
         fsync_dir(os.path.dirname(out))
+    except UsageError:  # a damaged checkpoint
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     except OSError as err:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"cannot write {out}: {err.strerror or err}; nothing was exported") from None
     return out
+
+
+def _weights(checkpoint: str, meta: dict):
+    """(name, fp32 weight) of every parameter; a damaged data file is one line."""
+    from autosp.compiler.training.checkpoint_read import full_weights
+
+    try:
+        yield from full_weights(checkpoint, meta)
+    except Exception as err:  # noqa: BLE001 - DCP's and safetensors' errors on a damaged file
+        raise UsageError(f"checkpoint {checkpoint} is corrupt ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:160] if str(err) else ''}); export an earlier one") from None
 
 
 def _copy_tokenizer(meta: dict, partial: str) -> None:

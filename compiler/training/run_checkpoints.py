@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--save-every", type=int, metavar="N", help="save every N optimizer steps (default: only at "
                                                                     "the last step and when stopped)")
     group.add_argument("--keep-last", type=int, metavar="K", help="keep only the newest K checkpoints in --save-dir")
+    group.add_argument("--async-save", action="store_true",
+                       help="write the --save-every checkpoints in the background (torch.distributed.checkpoint's "
+                            "async_save) while training goes on; costs a host-memory copy of each rank's share of "
+                            "the checkpoint; the last save and a stop by a signal wait for their files")
     group.add_argument("--resume", action="store_true",
                        help="continue from the newest complete checkpoint in --save-dir (weights, optimizer, LR "
                             "schedule, data position, RNG), under this run's plan, which may differ from the saved "
@@ -88,8 +92,9 @@ def preflight(args, argv, facts) -> Resume | None:
     for flag, value in (("--save-every", args.save_every), ("--keep-last", args.keep_last)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be a positive integer, got {value}")
-    if (args.save_every or args.keep_last or args.resume) and not args.save_dir:
-        flag = "--resume" if args.resume else ("--save-every" if args.save_every else "--keep-last")
+    if (args.save_every or args.keep_last or args.resume or args.async_save) and not args.save_dir:
+        flag = ("--resume" if args.resume else "--save-every" if args.save_every else
+                "--keep-last" if args.keep_last else "--async-save")
         raise UsageError(f"{flag} needs --save-dir DIR (where the checkpoints are)")
     if args.export_hf:
         from autosp.compiler.training.export import check_out_dir
@@ -147,6 +152,7 @@ class Checkpoints:
     def __init__(self, args, facts, plan, resume: Resume | None, rank: int):
         self.args, self.facts, self.plan, self.resume, self.rank = args, facts, plan, resume, rank
         self.last_saved: str | None = None
+        self.pending = None  # an asynchronous save under way (checkpoint.PendingSave)
         self.stop = None
         if args.save_dir:
             from autosp.compiler.training.signals import StopRequest
@@ -182,10 +188,12 @@ class Checkpoints:
 
     def after_step(self, engine, step: int, micro_step: int, last: bool) -> bool:
         """Save when due; True when the run must stop now (a signal arrived: saved, message printed)."""
+        if self.pending is not None and self.pending.poll():  # rank 0: the background write just completed
+            self._published(self.pending.directory)
         stopping = self.stop is not None and self.stop.agreed()
         due = self.args.save_dir and (last or stopping or (self.args.save_every and step % self.args.save_every == 0))
-        if due:
-            self.save(engine, step, micro_step)
+        if due:  # the last save and a stop's are waited for: the run ends right after them
+            self.save(engine, step, micro_step, asynchronous=self.args.async_save and not (last or stopping))
         if stopping:
             if self.rank == 0:
                 print(f"autosp-train: stopped by {self.stop.name} after step {step}; saved {self.last_saved}; to "
@@ -193,21 +201,46 @@ class Checkpoints:
             return True
         return False
 
-    def save(self, engine, step: int, micro_step: int) -> str:
-        from autosp.compiler.training.checkpoint import CheckpointWriteError, _barrier
-        from autosp.compiler.training.save_dir import prune, step_dir, write_latest
+    def save(self, engine, step: int, micro_step: int, asynchronous: bool = False) -> str:
+        """Save step ``step`` into --save-dir (after the previous asynchronous save is complete); with
+        ``asynchronous`` the files are written in the background and published later (:meth:`after_step`,
+        :meth:`wait`). Returns the checkpoint's path."""
+        from autosp.compiler.training.checkpoint import save_engine_checkpoint
+        from autosp.compiler.training.save_dir import step_dir
 
-        path = engine.save_checkpoint(step_dir(self.args.save_dir, step), self.client_state(step, micro_step))
-        if self.rank == 0:
-            try:
-                write_latest(self.args.save_dir, path)
-                prune(self.args.save_dir, self.args.keep_last)
-            except OSError as err:
-                raise CheckpointWriteError(f"saved {path} but cannot update {self.args.save_dir}/latest: "
-                                           f"{err.strerror or err}; --resume still finds {path}") from None
-        _barrier()
+        self.wait()
+        saved = save_engine_checkpoint(engine, step_dir(self.args.save_dir, step), self.client_state(step, micro_step),
+                                       asynchronous=asynchronous)
+        if asynchronous:
+            self.pending = saved
+            return saved.directory
+        self._published(saved)
+        return saved
+
+    def wait(self) -> None:
+        """Wait for an asynchronous save under way and publish it (collective)."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        announced = pending.published
+        path = pending.wait()
+        if not announced:
+            self._published(path)
+
+    def _published(self, path: str) -> None:
+        """A checkpoint is complete: rank 0 points ``latest`` at it and applies --keep-last."""
+        from autosp.compiler.training.checkpoint import CheckpointWriteError
+        from autosp.compiler.training.save_dir import prune, write_latest
+
         self.last_saved = path
-        return path
+        if self.rank != 0:
+            return
+        try:
+            write_latest(self.args.save_dir, path)
+            prune(self.args.save_dir, self.args.keep_last)
+        except OSError as err:
+            raise CheckpointWriteError(f"saved {path} but cannot update {self.args.save_dir}/latest: "
+                                       f"{err.strerror or err}; --resume still finds {path}") from None
 
     # -- end --------------------------------------------------------------------------------------------
     def finish(self, engine, step: int, micro_step: int) -> None:
@@ -215,6 +248,7 @@ class Checkpoints:
         temporary one when there is no --save-dir)."""
         if self.stop is not None:
             self.stop.uninstall()
+        self.wait()
         if not self.args.export_hf:
             return
         from autosp.compiler.training.checkpoint import _barrier
@@ -263,18 +297,20 @@ def warm_start_checkpoint(path: str, facts) -> str | None:
 
 
 def load_warm_start(model, path: str) -> None:
-    """The weights of the autosp checkpoint ``path`` into the (not yet compiled) ``model``: same names and shapes."""
+    """The weights of the autosp checkpoint ``path`` into the (not yet compiled) ``model``: same names and shapes.
+    Every rank reads the whole weights on its own (no process group), a group of tensors at a time."""
     import torch
-    from safetensors import safe_open
 
     from autosp.compiler.training.checkpoint import check_model, named_parameters, read_meta
+    from autosp.compiler.training.checkpoint_read import full_weights
 
     meta = read_meta(path)
     check_model(meta, model, path)
-    handles = {}
-    with torch.no_grad():
-        for name, param in named_parameters(model):
-            file = meta["params"][name]["shard"]
-            if file not in handles:
-                handles[file] = safe_open(os.path.join(path, file), framework="pt")
-            param.copy_(handles[file].get_tensor(f"weight/{name}"))
+    params = dict(named_parameters(model))
+    try:
+        with torch.no_grad():
+            for name, weight in full_weights(path, meta, names=list(params)):
+                params[name].copy_(weight)
+    except Exception as err:  # noqa: BLE001 - a damaged data file
+        raise UsageError(f"checkpoint {path} is corrupt ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+                         if str(err) else f"checkpoint {path} is corrupt ({type(err).__name__})") from None

@@ -1,9 +1,13 @@
 """engine.save_checkpoint / load_checkpoint and autosp-export, through the Python API on 2 gloo processes.
 
 One spawned run: tiny Hugging Face Llama and Qwen2 and the reference Llama trained 2 steps at ZeRO-0 and ZeRO-3,
-saved, exported to a Hugging Face directory; ``from_pretrained`` gives the engine's loss on a batch (fp32, 1e-5);
-the checkpoint loaded into an engine under another plan continues with the same losses; a full disk (writes that
-fail with ENOSPC) is one error on every rank, nothing published, the earlier checkpoint intact.
+saved (DCP's layout: ``.metadata`` and one ``__R_0.distcp`` per rank), exported to a Hugging Face directory;
+``from_pretrained`` gives the engine's loss on a batch (fp32, 1e-5). Checkpoints loaded into engines under other
+plans continue with the losses of the uninterrupted run (<= 1e-6 relative): SP=2 ZeRO-0 (saved asynchronously
+while the run went on) into SP=2 ring 2 ZeRO-3 and SP=1 x DP=2 ZeRO-1, SP=2 ZeRO-3 into SP=1 x DP=2 ZeRO-0. A
+checkpoint of format version 1 (safetensors, what autosp wrote before DCP) loads and continues a plain torch run.
+A full disk (a rank's writes fail with ENOSPC) is one error on every rank, nothing published, the earlier
+checkpoint intact.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import pytest
 
 TOL = 1e-5
+RESUME_TOL = 1e-6
 SEQ = 32
 
 
@@ -83,7 +88,10 @@ def _checks(rank, world, tmp):
         engine = _engine(model, sp_size=2, zero_stage=zero, micro_batch=2)
         _train(engine, batches[:2])
         path = engine.save_checkpoint(os.path.join(tmp, f"{family}-z{zero}"))
+        out[f"files {family} z{zero}"] = sorted(os.listdir(path))
         engine_loss = engine(input_ids=batches[2], labels=batches[2]).item()
+        if (family, zero) == ("llama", 3):  # the uninterrupted run that the ZeRO-0 resume below must match
+            out["z3 reference"] = _train(engine, batches[2:4])
         if rank == 0:
             import transformers
 
@@ -94,40 +102,101 @@ def _checks(rank, world, tmp):
             out[f"export {family} z{zero}"] = (abs(hf_loss - engine_loss) / abs(engine_loss), type(hf).__name__)
         dist.barrier()
 
-    # Save under SP=2 ZeRO-0 after 2 steps, keep training (steps 3-4); load into SP=2 ring 2 at ZeRO-3 and
-    # into SP=1 x DP=2 at ZeRO-1 (both micro-batches give the same 2 sequences per step): the same losses.
-    saved = os.path.join(tmp, "llama-z0")
+    # Save under SP=2 ZeRO-0 after 2 steps, asynchronously: the run trains steps 3-4 while the files are written
+    # (what was saved is step 2's state). Load into SP=2 ring 2 at ZeRO-3 and into SP=1 x DP=2 at ZeRO-1 (both
+    # micro-batches give the same 2 sequences per step): the same losses.
+    saved = os.path.join(tmp, "resume-z0")
     engine = _engine(_hf_model("llama", 1), sp_size=2, zero_stage=0, micro_batch=2)
     _train(engine, batches[:2])
+    pending = checkpoint.save_engine_checkpoint(engine, saved, asynchronous=True)
     reference = _train(engine, batches[2:4])
-    for name, plan in (("ring2 z3", dict(sp_size=2, ring_size=2, zero_stage=3, micro_batch=2)),
-                       ("sp1 dp2 z1", dict(sp_size=1, zero_stage=1, micro_batch=1))):
+    pending.wait()
+    for name, plan, source, ref in (
+            ("ring2 z3", dict(sp_size=2, ring_size=2, zero_stage=3, micro_batch=2), saved, reference),
+            ("sp1 dp2 z1", dict(sp_size=1, zero_stage=1, micro_batch=1), saved, reference),
+            ("z3 -> sp1 dp2 z0", dict(sp_size=1, zero_stage=0, micro_batch=1), os.path.join(tmp, "llama-z3"),
+             out["z3 reference"])):
         other = _engine(_hf_model("llama", 99), **plan)  # other initial weights: all must come from the checkpoint
-        meta = other.load_checkpoint(saved)
+        meta = other.load_checkpoint(source)
         losses = _train(other, batches[2:4])
-        out[f"resume {name}"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, reference)), meta["step"])
+        out[f"resume {name}"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), meta["step"])
 
-    # A full disk while saving: every rank raises the same one-line error, nothing is published, the checkpoint
-    # saved before is intact.
-    real_write = checkpoint.write_file
+    out["version 1"] = _version_1_checkpoint(rank, tmp, batches)
 
-    def full(path, data):
-        if rank == 0 and "shard" in os.path.basename(path):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_write(path, data)
+    # A full disk on rank 0 while saving: every rank raises the same one-line error, nothing is published, the
+    # checkpoint saved before is intact.
+    from torch.distributed.checkpoint import FileSystemWriter
 
-    checkpoint.write_file = full
+    class FullDisk(FileSystemWriter):
+        def write_data(self, plan, planner):
+            if rank == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write_data(plan, planner)
+
+    real_writer = checkpoint.storage_writer
+    checkpoint.storage_writer = lambda path: FullDisk(path)
     try:
         engine.save_checkpoint(os.path.join(tmp, "full"))
         out["enospc"] = "no error"
     except AutospError as err:
         out["enospc"] = str(err)
     finally:
-        checkpoint.write_file = real_write
+        checkpoint.storage_writer = real_writer
     dist.barrier()
     out["enospc left"] = sorted(n for n in os.listdir(tmp) if "full" in n)
     out["intact"] = checkpoint.read_meta(saved)["step"]
     return out
+
+
+def _version_1_checkpoint(rank, tmp, batches):
+    """A checkpoint in format version 1 (safetensors shards of full fp32 tensors, engine.pt, meta.json; what
+    autosp wrote before DCP), made here from a plain torch AdamW run of 2 steps, loaded into an SP=2 ZeRO-1 engine:
+    the next 2 losses are the torch run's (fp32, 1e-5: SP against one process)."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    model = _hf_model("llama", 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the engine's default gradient clipping
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+
+    for ids in batches[:2]:
+        step(ids)
+    path = os.path.join(tmp, "version-1")
+    if rank == 0:
+        os.makedirs(path)
+        tensors, params = {}, {}
+        for name, p in model.named_parameters():
+            tensors[f"weight/{name}"] = p.detach().clone()
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensors[f"{key}/{name}"] = opt.state[p][key].clone()
+            params[name] = {"shape": list(p.shape), "shard": "shard-00000.safetensors"}
+        save_file(tensors, os.path.join(path, "shard-00000.safetensors"))
+        group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+        torch.save({"param_groups": [group], "scalars": {"step": 2.0}, "lr_scheduler": None,
+                    "counters": {"global_steps": 2, "global_samples": 4, "micro_steps": 2, "skipped_steps": 0}},
+                   os.path.join(path, "engine.pt"))
+        meta = {"format": "autosp-checkpoint", "version": 1, "world": 1, "plan": "torch", "step": 2,
+                "model": {"kind": "hf", "model_type": "llama"}, "params": params,
+                "optimizer": {"class": "AdamW", "tensor_states": ["exp_avg", "exp_avg_sq"], "scalars": {"step": 2.0}},
+                "files": {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)}, "client_state": {}}
+        with open(os.path.join(path, "meta.json"), "w") as f:
+            json.dump(meta, f)
+    dist.barrier()
+    expected = [step(ids) for ids in batches[2:4]]
+    engine = _engine(_hf_model("llama", 99), sp_size=2, zero_stage=1, micro_batch=2)
+    engine.load_checkpoint(path)
+    losses = _train(engine, batches[2:4])
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, expected))
 
 
 @pytest.mark.slow
@@ -140,9 +209,14 @@ def test_checkpoint_roundtrip_export_and_full_disk(tmp_path):
         assert err <= TOL, (family, err)
     assert result["export reference z0"][1] == "LlamaForCausalLM"
     assert result["export qwen2 z3"][1] == "Qwen2ForCausalLM"
-    for name in ("ring2 z3", "sp1 dp2 z1"):
+    for family in ("llama z0", "llama z3", "qwen2 z0", "qwen2 z3", "reference z0"):
+        # DCP's layout: its .metadata and one data file per rank, beside autosp's meta.json
+        files = [f for f in result[f"files {family}"] if f != "config.json"]  # the reference Llama has none
+        assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"], (family, files)
+    for name in ("ring2 z3", "sp1 dp2 z1", "z3 -> sp1 dp2 z0"):
         err, step = result[f"resume {name}"]
-        assert step == 2 and err <= TOL, (name, err)
+        assert step == 2 and err <= RESUME_TOL, (name, err)
+    assert result["version 1"] <= TOL
     assert "No space left on device" in result["enospc"] and "\n" not in result["enospc"]
     assert result["enospc left"] == []
     assert result["intact"] == 2

@@ -1,13 +1,13 @@
 """autosp-train --save-dir / --resume / --export-hf and autosp-export, as a user runs them (2 gloo processes).
 
-One uninterrupted run (SP=2, ZeRO-1, micro-batch 2, 8 steps, --save-every 4) on packed text documents (a
-.jsonl tokenized with a tokenizer made here) with a cosine schedule after 2 warm-up steps is the reference for
-everything else:
+One uninterrupted run (SP=2, ZeRO-1, micro-batch 2, 8 steps, --save-every 4 --async-save: step 4 is written in
+the background while steps 5-8 train) on packed text documents (a .jsonl tokenized with a tokenizer made here)
+with a cosine schedule after 2 warm-up steps is the reference for everything else:
 
 - the same run stopped by SIGTERM to its launcher after step 4 exits 0 with one line naming --resume, no rank
   outlives the launcher by 10 s, and ``--resume`` gives the losses of the remaining steps (<= 1e-6 relative);
 - its step-4 checkpoint resumed as SP=1 x DP=2 at ZeRO-0 and as SP=2 at ZeRO-3 (the same 2 sequences per step)
-  gives steps 5-8 within 1e-5 (a ring: test_checkpoint_api.py);
+  gives steps 5-8 within 1e-6 (a ring: test_checkpoint_api.py);
 - ``autosp-export`` of its save directory and ``--export-hf`` at the end of the ZeRO-3 run load with
   ``from_pretrained``;
 - bad checkpoint input is one line and exit 2 before anything is built, and nothing is overwritten.
@@ -98,7 +98,8 @@ def test_kill_resume_other_plans_and_export(tmp_path, monkeypatch):
     common = _common(tmp, model_dir)
     sp2 = ["--nproc-per-node", "2", "--sp", "2", "--zero", "1", "--micro-batch", "2"]
 
-    full = _run(*common, *sp2, "--save-dir", f"{tmp}/full", "--save-every", "4", "--log-json", f"{tmp}/full.jsonl")
+    full = _run(*common, *sp2, "--save-dir", f"{tmp}/full", "--save-every", "4", "--async-save",
+                "--log-json", f"{tmp}/full.jsonl")
     assert full.returncode == 0, full.stderr[-2000:]
     reference = _losses(f"{tmp}/full.jsonl")
     assert sorted(reference) == list(range(1, 9))
@@ -142,7 +143,7 @@ def test_kill_resume_other_plans_and_export(tmp_path, monkeypatch):
         assert run.returncode == 0, (name, run.stderr[-2000:])
         losses = _losses(f"{tmp}/{name}.jsonl")
         assert sorted(losses) == [5, 6, 7, 8], name
-        assert max(_rel(losses[s], reference[s]) for s in losses) <= 1e-5, (name, losses, reference)
+        assert max(_rel(losses[s], reference[s]) for s in losses) <= 1e-6, (name, losses, reference)
 
     # exports load with transformers; --export-hf (ZeRO-3 run) and autosp-export (of a ZeRO-1 save dir)
     import torch
@@ -187,7 +188,7 @@ def _bad_inputs(tmp, common, sp2, torch):
     refused("--save-dir", f"{tmp}/nowhere", "--resume", match="does not exist")
     corrupt = f"{tmp}/corrupt"
     shutil.copytree(f"{tmp}/full", corrupt)
-    with open(f"{corrupt}/step-00000008/shard-00000.safetensors", "r+b") as f:
+    with open(f"{corrupt}/step-00000008/__0_0.distcp", "r+b") as f:
         f.truncate(100)
     refused("--save-dir", corrupt, "--resume", match="corrupt")
     with open(f"{corrupt}/step-00000008/meta.json", "w") as f:
@@ -205,6 +206,7 @@ def _bad_inputs(tmp, common, sp2, torch):
     refused("--save-dir", f"{tmp}/a-file/sub", match="not writable")
     refused("--save-dir", f"{tmp}/a-file", match="not a directory")
     refused("--save-every", "2", match="needs --save-dir")
+    refused("--async-save", match="needs --save-dir")
     refused("--checkpoint", f"{tmp}/empty", match="holds no model weights")
     refused("--export-hf", f"{tmp}/full", match="not empty")
     import autosp.compiler.training.save_dir as save_dir

@@ -36,14 +36,14 @@ for step in (1, 2):
     engine.step()
     if step == 1:
         save_dir.write_latest(directory, engine.save_checkpoint(save_dir.step_dir(directory, 1)))
-real = checkpoint.write_file
+from torch.distributed.checkpoint import FileSystemWriter
 
-def write_then_die(path, data):  # the first shard of step 2 is on disk when the process is killed
-    real(path, data)
-    if path.endswith(".safetensors"):
+class WriteThenDie(FileSystemWriter):  # the rank's data file of step 2 is on disk when the process is killed
+    def write_data(self, plan, planner):
+        super().write_data(plan, planner).wait()
         os.kill(os.getpid(), signal.SIGKILL)
 
-checkpoint.write_file = write_then_die
+checkpoint.storage_writer = WriteThenDie
 engine.save_checkpoint(save_dir.step_dir(directory, 2))
 """
 
@@ -61,7 +61,8 @@ def test_kill_9_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SAVE_AND_DIE, directory], capture_output=True, text=True,
                           env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert os.path.isdir(os.path.join(directory, ".step-00000002.partial"))  # the save was under way
+    partial = os.path.join(directory, ".step-00000002.partial")
+    assert "__0_0.distcp" in os.listdir(partial)  # the save was under way
     newest = find_resume(directory)
     assert newest == os.path.join(directory, "step-00000001")
     assert read_meta(newest)["step"] == 1

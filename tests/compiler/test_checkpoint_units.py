@@ -109,3 +109,26 @@ def test_the_checkpoint_names_the_tokenizer_the_text_was_tokenized_with(tmp_path
     assert _tokenizer_used(argparse.Namespace(tokenizer=None, _tokenizer=loaded)) == str(model_dir)
     assert _tokenizer_used(argparse.Namespace(tokenizer=str(model_dir))) == str(model_dir)
     assert _tokenizer_used(argparse.Namespace(tokenizer=None)) is None  # token files: no tokenizer
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_named_so(tmp_path):
+    """Issue 36 item 6: autosp-export (and --resume, --checkpoint) on a directory that holds no checkpoint said it
+    was "incomplete (its save was interrupted)"; only a directory a save began in is incomplete."""
+    from autosp.cli import export_main
+    from autosp.compiler.training.checkpoint import read_meta
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("x")
+    for directory in (empty, tmp_path / "notes"):
+        with pytest.raises(UsageError, match="is not an autosp checkpoint") as info:
+            read_meta(str(directory))
+        assert "incomplete" not in str(info.value) and "\n" not in str(info.value)
+    interrupted = tmp_path / "step-00000004"  # a save wrote DCP's files, then died before meta.json
+    interrupted.mkdir()
+    (interrupted / "__0_0.distcp").write_bytes(b"x")
+    with pytest.raises(UsageError, match="incomplete"):
+        read_meta(str(interrupted))
+    assert export_main([str(empty), "--out", str(tmp_path / "hf")]) == 2
+    assert not (tmp_path / "hf").exists()
