@@ -171,10 +171,11 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
     """Compile ``module.forward`` as the sequence-parallel graph of ``candidate`` and return its
     :class:`SPContext` and the pad token. ``grad_world_size``: the ranks whose gradients the data-parallel
     wrapper averages (all dp x sp of them). ``ds_engine``: the DeepSpeed engine holding ``module``, when it
-    exists already (ZeRO-3's hooks are then made opaque to Dynamo here; otherwise the caller does it with
-    :func:`keep_zero3_hooks_eager` once its wrapper registered them, before the first forward). Used by
-    :func:`compile_model` and by the Hugging Face trainers (:mod:`autosp.hf`), whose own DeepSpeed or DDP
-    wrapper averages the gradients. ``moe``: the model's experts run through autosp's op
+    exists already (ZeRO-3's hooks are then made opaque to Dynamo here, and with ``loss_chunks > 1`` the LM
+    head made resident; otherwise the caller does both with :func:`keep_zero3_hooks_eager` and
+    :func:`autosp.compiler.zero3.persist_lm_head` once its wrapper registered them, before the first
+    forward). Used by :func:`compile_model` and by the Hugging Face trainers (:mod:`autosp.hf`), whose own
+    DeepSpeed or DDP wrapper averages the gradients. ``moe``: the model's experts run through autosp's op
     (:func:`autosp.compiler.experts.prepare_experts`), so its router loss is made global here."""
     import torch
 
@@ -216,12 +217,13 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
     import deepspeed.utils.nvtx
 
     if ctx.fragments and candidate.loss_chunks > 1:
-        from autosp.compiler.zero3 import persist_lm_head
+        from autosp.compiler.zero3 import lm_head_module, persist_lm_head
 
-        if ds_engine is None or not persist_lm_head(ds_engine):  # the LM head must be traced inline with the loss
+        if lm_head_module(module) is None:  # the LM head must be traced inline with the loss
             raise UsageError("loss_chunks > 1 under ZeRO-3 needs the model's LM head (get_output_embeddings() or "
-                             "an lm_head module) and autosp.compile's own engine; re-plan with loss_chunks=1 or "
-                             "zero_stage<=2")
+                             "an lm_head module); re-plan with loss_chunks=1 or zero_stage<=2")
+        if ds_engine is not None:  # else the caller, once its wrapper built the engine (autosp.hf)
+            persist_lm_head(ds_engine)
     if ctx.fragments and ds_engine is not None:
         keep_zero3_hooks_eager(module)
 

@@ -17,13 +17,18 @@ Why this stays exact and consistent with DeepSpeed:
 - gradients still flow through the parameter's own gradient hook (ZeRO-3 registers one per parameter,
   not per module): the full gradient is reduce-scattered into this rank's partition as for any other
   parameter;
-- tied embeddings are refused: DeepSpeed still releases the shared weight around the embedding's
-  forward (measured: the inline LM head then sees an empty partition), so the planner never offers
-  the pair for a tied model and :func:`persist_lm_head` raises.
+- tied embeddings: the input embedding shares the head's weight, and DeepSpeed would release it after
+  the embedding's forward (measured: the inline LM head then saw an empty partition), so the embedding
+  is unhooked too and reads the same resident weight; autograd adds the embedding's and the tiled loss's
+  gradients before the parameter's hook reduces their sum. A module that shares the weight and holds
+  other parameters is refused (its hooks must stay);
+- a head DeepSpeed already made persistent (under ``stage3_param_persistence_threshold``, as a tiny
+  model's is) is unhooked and gathered: DeepSpeed would gather it at its module's first forward only.
 
 Cost: the LM head's weight is resident on every rank (vocab x hidden x dtype bytes, 1 GiB for
-Llama-3.1-8B in bf16) instead of being gathered only around its use. The cost model charges it
-(cost_models/memory.py ``model_states``).
+Llama-3.1-8B in bf16) instead of being gathered only around its use; with tied embeddings it is the one
+copy of the shared matrix (the embedding gathers nothing more). The cost model charges it
+(cost_models/memory.py ``zero3_gathered_params``).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ def lm_head_module(model: torch.nn.Module) -> torch.nn.Module | None:
 
 def persist_lm_head(ds_engine) -> int:
     """Make the LM head's parameters persistent and unhook it (see the module doc); returns the number of
-    parameter elements made persistent (0 when the model has no recognisable LM head)."""
+    the head's parameter elements now resident, those DeepSpeed kept resident already included (0 when
+    the model has no recognisable LM head)."""
     module = ds_engine.module
     head = lm_head_module(module)
     if head is None:
@@ -68,14 +74,19 @@ def persist_lm_head(ds_engine) -> int:
             for key, hook in list(hooks.items()):
                 if getattr(hook, "__module__", "").startswith("deepspeed."):
                     del hooks[key]
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
     persistent = ds_engine.optimizer.persistent_parameters  # the list _post_step re-gathers
-    params = [p for p in head.parameters(recurse=True) if not getattr(p, "ds_persist", False)]
-    for p in params:
-        p.ds_persist = True
-        persistent.append(p)
-    if params:
-        params[0].all_gather(params)
-    return sum(p.ds_numel for p in params)
+    for p in head.parameters(recurse=True):
+        if not getattr(p, "ds_persist", False):
+            p.ds_persist = True
+            persistent.append(p)
+    # gathered now: a parameter DeepSpeed made persistent itself waits for its module's first fetch, which the
+    # unhooked head (and tied embedding) no longer makes
+    absent = [p for p in head.parameters(recurse=True) if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    if absent:
+        absent[0].all_gather(absent)
+    return sum(p.ds_numel for p in head.parameters(recurse=True))
 
 
 def _first_input_requires_grad(module, args):

@@ -250,6 +250,12 @@ class SPTrainerMixin:
         if self._sp_candidate.zero_stage == 3 and self.is_deepspeed_enabled:
             from autosp.compiler.api import keep_zero3_hooks_eager
 
+            if self._sp_candidate.loss_chunks > 1 and self.deepspeed is not None:
+                from autosp.compiler.zero3 import persist_lm_head
+
+                # the tiled loss traces the LM head inline: resident and unhooked in the Trainer's engine, as
+                # autosp.compile does in its own (compiler/zero3.py); done again it changes nothing
+                persist_lm_head(self.deepspeed)
             # the hooks DeepSpeed registered when the Trainer wrapped the model (again for each new engine:
             # evaluation before training builds one, training another); hooks already made eager are skipped
             keep_zero3_hooks_eager(self.model)

@@ -6,8 +6,8 @@ steps at SP=2 through ``autosp.compile(plan=Candidate(...))`` and rank 0 compare
 every gradient of the first step and every weight after the last with one process on the full sequence
 (fp32, relative 1e-5). The cases cover: S/P not divisible by the chunk count, MLP biases, HF models,
 ignore_index labels spread unevenly with runtime padding and a right-padding mask, tied embeddings, GQA
-with one KV head replicated over P, Inductor, ZeRO-3, and all knobs at once (with the checkpointing and
-offload knobs).
+with one KV head replicated over P, Inductor, ZeRO-3 (the loss tiled with tied embeddings too), and all
+knobs at once (with the checkpointing and offload knobs).
 
 Unit part (no processes): the tiled ops against the untiled computation in fp64 (and gradcheck), the
 pattern matching on traced reference / Hugging Face graphs, the overlap schedules' node order in the FX
@@ -71,6 +71,13 @@ CASES = {
                              dict(ds_config=Z3)),
     "zero3_loss3_mlp2": (reference_llama, dict(seq=30), dict(loss_chunks=3, mlp_chunks=2, zero_stage=3),
                          dict(ds_config=Z3)),
+    # tied embeddings at ZeRO-3 with the loss tiled: the shared matrix's gradient sums the embedding's and the
+    # tiled loss's. HF Llama under DeepSpeed's default persistence threshold (the tiny head is resident already:
+    # it was refused as having no LM head), the reference model with every parameter partitioned
+    "zero3_hf_llama_tied_loss2": (lambda: hf_model("llama", tie_word_embeddings=True), dict(seq=32),
+                                  dict(loss_chunks=2, zero_stage=3), {}),
+    "zero3_tied_loss2_partitioned": (lambda: reference_llama(tied=True), dict(seq=30),
+                                     dict(loss_chunks=2, zero_stage=3), dict(ds_config=Z3)),
 }
 
 
@@ -343,6 +350,18 @@ def test_loss_tiling_refuses_logits_used_outside_the_loss():
     loss_pass(gm, inputs, ctx)
     with pytest.raises(UsageError, match="loss_chunks: the logits are also used by"):
         loss_tiling_pass(gm, inputs, ctx)
+
+
+def test_the_lm_head_zero3_keeps_resident_is_found_tied_or_not():
+    """ZeRO-3 loss tiling keeps this module's weight resident (compiler/zero3.py); with tied embeddings it is the
+    input embedding's matrix. A model without one is refused at attach time."""
+    from autosp.compiler.zero3 import lm_head_module
+
+    tied = _small_hf("llama", tie_word_embeddings=True)
+    assert lm_head_module(tied) is tied.lm_head and tied.lm_head.weight is tied.model.embed_tokens.weight
+    ref = _small_ref(tied=True)
+    assert lm_head_module(ref) is ref.lm_head and ref.lm_head.weight is ref.model.embed_tokens.weight
+    assert lm_head_module(torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))) is None
 
 
 def test_plan_knobs_are_applied_and_unknown_values_refused():

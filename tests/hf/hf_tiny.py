@@ -7,13 +7,13 @@ import torch
 VOCAB = 96
 
 
-def tiny_llama(seed: int = 0):
+def tiny_llama(seed: int = 0, tied: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=tied)
     config._attn_implementation = "sdpa"
     return LlamaForCausalLM(config)
 

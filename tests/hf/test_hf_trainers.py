@@ -1,6 +1,6 @@
 """autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
 
-One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), six cases against one process:
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), seven cases against one process:
 
 - autosp.hf.Trainer, SP=2 (DDP underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd
   lengths with right padding: every logged loss (the first also against the step's objective computed
@@ -9,7 +9,9 @@ One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), six c
 - autosp.hf.SFTTrainer, packing=True / padding-free, 6 steps over two epochs in the Trainer's random order:
   every logged loss and gradient norm, the final weights, and no attention across documents;
 - PEFT LoRA through autosp.hf.Trainer and through autosp.compile, at ZeRO 0 and ZeRO 3: adapter gradients
-  and weights, base weights untouched.
+  and weights, base weights untouched;
+- the loss tiled (``loss_chunks=2``) at ZeRO 3 inside the Trainer's own DeepSpeed engine, tied embeddings:
+  the logged losses, the final weights and the shared matrix's change.
 """
 
 from __future__ import annotations
@@ -141,6 +143,20 @@ def run_lora_trainer(trainer_cls, out, **sp):
     return {"weights": _weights(trainer)}
 
 
+def run_tied_tiled_trainer(trainer_cls, out, **sp):
+    """3 SGD steps of a tied-embedding Llama (SGD: a weight's change is lr x its clipped gradient)."""
+    from transformers import TrainingArguments
+
+    rec = _Recorder()
+    args = _training_args(TrainingArguments, out, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=3, optim="sgd", learning_rate=0.5)
+    trainer = trainer_cls(model=tiny_llama(tied=True), args=args, train_dataset=examples(12, 6),
+                          data_collator=pad_collate, callbacks=[rec], **sp)
+    trainer.train()
+    tiled = trainer.sp_engine.stats.losses_tiled if hasattr(trainer, "sp_engine") else None
+    return {"losses": rec.losses, "weights": _weights(trainer), "tiled": tiled}
+
+
 def lora_batches():
     rows = examples(6, 5, low=13, high=14)
     return [pad_collate(rows[i:i + 2]) for i in range(0, 6, 2)]
@@ -157,12 +173,18 @@ def _sp_case(name, out):
     from autosp.contract.specs import Candidate
 
     common = {"backend": "aot_eager", "pad_to_multiple_of": 16}
+    # each case as in a fresh process: Accelerate leaves ACCELERATE_USE_DEEPSPEED=true behind once a Trainer
+    # ran DeepSpeed (accelerator.py), and the next TrainingArguments would then train under a default ZeRO-2
+    os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
     if name == "trainer":
         result = run_trainer(autosp.hf.Trainer, out, sp_size=2, **common)
         result["stats"] = None
         return result
     if name == "sft":
         return run_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
+    if name == "tied_tiled_trainer3":
+        plan = Candidate(sp=2, zero_stage=3, micro_batch=2, grad_accum=2, loss_chunks=2)
+        return run_tied_tiled_trainer(autosp.hf.Trainer, out, plan=plan, **common)
     if name.startswith("lora_trainer"):  # lora_trainer0 / lora_trainer3: the ZeRO stage
         return run_lora_trainer(autosp.hf.Trainer, out,
                                 plan=Candidate(sp=2, zero_stage=int(name[-1]), micro_batch=2, grad_accum=2),
@@ -223,7 +245,8 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
 
     from autosp.compiler.testing import reference_run
 
-    names = ["trainer", "sft", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3"]
+    names = ["trainer", "sft", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3",
+             "tied_tiled_trainer3"]
     sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
     for name in names:
         assert "crash" not in sp[name], sp[name].get("crash")
@@ -268,3 +291,16 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
         assert _worst(got["weights"], ref_compile["weights"], only="lora_")[0] <= TOL, stage
         assert all(torch.equal(got["weights"][n], w) for n, w in base.items()), stage
         assert _close(got["losses"], ref_compile["losses"]), stage
+
+    # the loss tiled at ZeRO-3 in the Trainer's DeepSpeed engine, tied embeddings: the shared matrix (resident,
+    # unhooked in the embedding and the head) gets the embedding's and the tiled loss's gradients
+    ref_tied = run_tied_tiled_trainer(transformers.Trainer, str(tmp_path / "ref_tied"))
+    got = sp["tied_tiled_trainer3"]
+    assert got["tiled"] > 0, got["tiled"]
+    assert len(got["losses"]) == 3 and _close(got["losses"], ref_tied["losses"]), (got["losses"], ref_tied["losses"])
+    assert _worst(got["weights"], ref_tied["weights"])[0] <= TOL
+    # the shared matrix's change alone (lr x its summed gradients; its whole value would hide an error)
+    shared = "model.embed_tokens.weight"
+    start = dict(tiny_llama(tied=True).named_parameters())[shared].detach()
+    assert sorted(got["weights"]) == sorted(ref_tied["weights"]) and shared in got["weights"]
+    assert rel_err(got["weights"][shared] - start, ref_tied["weights"][shared] - start) <= TOL
