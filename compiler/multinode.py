@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 
@@ -110,6 +111,18 @@ def _mismatch(facts: dict, mine: dict, rank: int) -> str | None:
     return None
 
 
+class PeerFailure(AutospError):
+    """Another node's rank failed (or node 0 went away): this node's ranks were stopped."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+
+
 class NodeLink:
     """This node's connection to the run's store (node 0 hosts it): the ranks' environment, and failures and
     the end of the run, told between the nodes' launchers."""
@@ -126,18 +139,24 @@ class NodeLink:
                 "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_RUN_ID": RUN_ID}
 
-    def report_failure(self, text: str) -> None:
+    def report_failure(self, rank: int, exitcode: int) -> None:
+        """Rank ``rank`` of this node ended with ``exitcode`` (negative: killed by that signal)."""
         with contextlib.suppress(Exception):  # the store may be gone with node 0: nothing left to tell
-            self.store.set("failed", text)
+            self.store.set("failed", json.dumps({"node": self.group.node_rank, "rank": rank, "code": exitcode}))
 
-    def peer_failure(self) -> str | None:
-        """What another node reported (its failed rank), or that node 0 is gone; None while all is well."""
+    def peer_failure(self) -> PeerFailure | None:
+        """Another node's failed rank, or node 0 gone, as the error this node ends with; None while all is well."""
         try:
-            if self.store.check(["failed"]):
-                return self.store.get("failed").decode()
+            if not self.store.check(["failed"]):
+                return None
+            report = json.loads(self.store.get("failed"))
         except Exception:  # noqa: BLE001 - any store error here means node 0's launcher (and its store) is gone
-            return f"lost node 0 at {self.group.endpoint} (its autosp-train stopped)"
-        return None
+            return PeerFailure(f"lost node 0 at {self.group.endpoint} (its autosp-train stopped); stopped this "
+                               "node's training processes", 1)
+        code = report["code"]
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        return PeerFailure(f"training process {report['rank']} on node {report['node']} {how} (that node's output says "
+                           "why); stopped this node's training processes", code if 0 < code < 128 else 1)
 
     def finish(self) -> None:
         """The end of this node's ranks: the others are told; node 0 keeps the store up until they know."""
@@ -206,11 +225,3 @@ def join(group: NodeGroup, facts: dict) -> NodeLink:
     if refusal:
         raise UsageError(refusal)
     return NodeLink(group, store, handler)
-
-
-class PeerFailure(AutospError):
-    """Another node's rank failed (or node 0 went away): this node's ranks were stopped."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code

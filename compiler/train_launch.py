@@ -143,7 +143,7 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
                 if proc.exitcode and failed is None:
                     failed = proc
                     if link is not None:  # the other nodes' ranks would wait for this one: they stop too
-                        link.report_failure(f"{nodes.node_rank} {envs[procs.index(proc)]['RANK']} {proc.exitcode}")
+                        link.report_failure(int(envs[procs.index(proc)]["RANK"]), proc.exitcode)
                     if not received or proc.exitcode not in (-received[0], 128 + received[0]):
                         _stop(running)  # a rank failed on its own: the others would wait for it forever
             if link is not None and running and failed is None:
@@ -156,7 +156,7 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
         if link is not None:
             link.finish()
     if peer is not None:
-        raise _peer_failure(peer)
+        raise peer
     if failed is None:
         return 0
     if received and failed.exitcode in (-received[0], 128 + received[0]):  # stopped by the forwarded signal
@@ -170,20 +170,6 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
         raise AutospError(f"training process {rank} was killed by {name}"
                           + (" (the kernel does this when host memory runs out)" if name == "SIGKILL" else ""))
     return failed.exitcode  # the process printed its one line (rank 0 does, for bad input)
-
-
-def _peer_failure(report: str):
-    """The error this node ends with when another node's rank failed (``"NODE RANK CODE"``) or node 0 left."""
-    from autosp.compiler.multinode import PeerFailure
-
-    parts = report.split()
-    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
-        return PeerFailure(f"{report}; stopped this node's training processes", 1)
-    node, rank, code = (int(p) for p in parts)
-    name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-    how = f"was killed by {name}" if code < 0 else f"exited with code {code}"
-    return PeerFailure(f"training process {rank} on node {node} {how} (that node's output says why); stopped this "
-                       "node's training processes", code if 0 < code < 128 else 1)
 
 
 def _stop(procs) -> None:
