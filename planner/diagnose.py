@@ -62,8 +62,9 @@ def _lean_corner(target):
         per = target.per_layout_choices(sp, ring)
         if per is None or not per["micro_batch"]:
             continue
-        # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest is either
-        # ZeRO-3 untiled or the highest other stage with the loss tiled finest.
+        # ZeRO-3's gathered weights and prefetch buckets can cost more than it shards (on one GPU it shards
+        # nothing), and with the loss tiled it keeps the LM head gathered (memory.zero3_gathered_params): the leanest
+        # is ZeRO-3 with the loss tiled finest or untiled, or the highest other stage with the loss tiled finest.
         zero_loss = {(max(per["zero_stage"]), max(per["loss_chunks"] or (1,))), (max(per["zero_stage"]), 1),
                      (max(z for z in per["zero_stage"] if z < 3) if min(per["zero_stage"]) < 3 else 3,
                       max(per["loss_chunks"] or (1,)))}
@@ -77,7 +78,7 @@ def _lean_corner(target):
                 ("full", "sequence"), offloads, (True, False), sorted(zero_loss), eps, params):
             yield target.make(**dict(lean, sp=sp, ring=ring, zero_stage=zero, checkpointing=ckpt, loss_chunks=loss,
                                      offload_activations=offload, overlap="none", offload_optimizer=optim,
-                                     sequence_chunks=chunks, offload_chunks=chunk_off and chunks > 1, ep=ep,
+                                     sequence_chunks=chunks, offload_chunks=chunk_off, ep=ep,
                                      offload_param=param))
 
 

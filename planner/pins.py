@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, fields
 
-from autosp.contract.knobs import BY_NAME, KNOBS, SEARCHED
+from autosp.contract import rules
+from autosp.contract.knobs import KNOBS
 from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
@@ -71,9 +72,9 @@ def parse_value(name: str, text) -> object:
 
 
 def _check_alone(name: str, value) -> None:
-    """The Candidate's own checks on one pinned value, with the other fields set so that they allow it."""
-    base = {"sp": 1, "zero_stage": 3, "checkpointing": "full", "sequence_chunks": 2}
-    base = {k: v for k, v in base.items() if k in knob_names()}
+    """The Candidate's own checks on one pinned value, with the other fields set so that they allow it (the knobs
+    the rule table couples to it: :func:`autosp.contract.rules.witness`)."""
+    base = dict(rules.witness({name: value}) if name in rules.NAMES else {}, sp=1)
     base[name] = value
     if name in ("ring", "ep") and isinstance(value, int) and value > 0:
         base["sp"] = value  # both must divide the SP x DP ranks
@@ -155,7 +156,7 @@ def check_pins(space) -> None:
             raise UsageError(f"--fix grad_accum={accum} cannot hold with --global-batch {gb}: the batch must be dp x "
                              f"micro_batch x grad_accum, and dp x micro_batch here is one of "
                              f"{', '.join(map(str, shares))} (so grad_accum divides {gb} into one of them)")
-    _check_together(pins)
+    _check_together(space, pins)
     for name, value in space.fixed:
         if name in space.KNOBS or name in DERIVED:
             continue
@@ -165,40 +166,26 @@ def check_pins(space) -> None:
                              f"model does not price it); it can only be pinned to its default {_plain(default)}")
 
 
-NEEDS = {
-    "offload_activations": "needs a checkpointing policy (it moves the checkpointed tensors)",
-    "offload_optimizer": "needs zero_stage >= 1 (ZeRO-Offload)",
-    "offload_param": "needs zero_stage 3 together with offload_optimizer=true (the pairing the planner searches)",
-    "offload_chunks": "needs sequence_chunks > 1",
-    "overlap": "needs an all-to-all: a Ulysses degree sp / ring > 1",
-    "checkpointing": "cannot go with sequence_chunks > 1 (chunked layers take checkpointing none or full)",
-}
-"""Why the canonical form (:func:`autosp.planner.search.space.make_candidate`) would drop a pinned value."""
-
-
-def _check_together(pins: dict) -> None:
-    """All the pins at once (each alone passed :func:`parse_pins`): the Candidate's own checks, then the canonical
-    form, which must keep every pinned value; one line naming the contradiction (offload_param=true with
-    zero_stage=2; offload_activations=true with checkpointing=none)."""
-    from autosp.planner.search.space import make_candidate
+def _check_together(space, pins: dict) -> None:
+    """All the pins at once (each alone passed :func:`parse_pins`): the rule table read both ways over the choices
+    of the unpinned space (:func:`autosp.contract.rules.narrow`) must keep every pinned value and leave every knob a
+    value, and the pinned layout must pass the Candidate's own checks; one line naming the contradiction
+    (offload_param=true with zero_stage=2; offload_activations=true with checkpointing=none)."""
+    from autosp.planner.search.space import build_space
 
     shown = format_pins(sorted(pins.items()))
+    free = build_space(space.model, space.hardware, space.workload, space.allow_cross_node_sp, profile=space.profile)
+    pinned = space.pinned()
+    domains = {name: (pinned[name],) if name in pinned else values for name, values in free.choices().items()}
+    _, conflicts = rules.narrow(domains, keep=set(pinned))
+    if conflicts:
+        raise UsageError(f"--fix {shown}: " + "; ".join(rule.why(value) for rule, value in conflicts[:2]))
     ring = pins.get("ring", 1)
-    sp = pins.get("sp", ring * (1 if pins.get("overlap", "none") == "none" else 2))
-    # every searched knob at its default but what the pins need, where not pinned themselves (ep is checked against
-    # the cluster by check_pins, not here)
-    knobs = dict({name: BY_NAME[name].default for name in SEARCHED if name != "ep"}, sp=sp, ring=ring, zero_stage=3,
-                 checkpointing="full", offload_optimizer=pins.get("zero_stage", 3) >= 1,
-                 sequence_chunks=4 if pins.get("offload_chunks") else 1)
-    knobs.update({k: v for k, v in pins.items() if k in knobs})
+    layout = {name: pins[name] for name in ("sp", "ring", *DERIVED) if name in pins}
     try:
-        Candidate(**{**knobs, **{k: v for k, v in pins.items() if k in DERIVED}})
-        cand = make_candidate(sp * pins.get("dp", 1), None, **knobs)
+        Candidate(**dict(layout, sp=pins.get("sp", ring)))  # the layout's own checks (ring divides sp)
     except ValueError as err:
         raise UsageError(f"--fix {shown}: {err}") from None
-    for name, value in sorted(pins.items()):
-        if name in knobs and getattr(cand, name) != value:
-            raise UsageError(f"--fix {shown}: {name}={_plain(value)} {NEEDS.get(name, 'cannot hold with the others')}")
 
 
 def empty_reason(space) -> str:
@@ -237,4 +224,4 @@ def empty_reason(space) -> str:
     return f"--fix {format_pins(space.fixed)} leaves no valid plan: {why}"
 
 
-__all__ = ["DERIVED", "NEEDS", "check_pins", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value"]
+__all__ = ["DERIVED", "check_pins", "empty_reason", "format_pins", "knob_names", "parse_pins", "parse_value"]

@@ -16,6 +16,7 @@ import operator
 from dataclasses import asdict, dataclass, field, fields
 
 from autosp.contract.knobs import BY_NAME, CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
+from autosp.contract.rules import CANDIDATE, broken, rules_of
 
 DTYPES = ("bf16", "fp32")
 OPTIMIZERS = ("adamw",)
@@ -396,16 +397,11 @@ class Candidate:
         for name in () if all(type(value) is bool for value in read_flags(self)) else flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.offload_activations and self.checkpointing == "none":
-            raise ValueError("offload_activations moves checkpointed layer inputs; it needs a checkpointing policy")
-        if self.offload_optimizer and self.zero_stage == 0:
-            raise ValueError("offload_optimizer (ZeRO-Offload) needs zero_stage >= 1")
+        rule = broken(vars(self), _CANDIDATE_RULES)  # the knob couplings a Candidate refuses (contract/rules.py)
+        if rule is not None:
+            raise ValueError(rule.why(getattr(self, rule.knob)))
         if self.sp % self.ring:
             raise ValueError(f"ring ({self.ring}) must divide sp ({self.sp}): the SP group is ulysses x ring ranks")
-        if self.offload_chunks and self.sequence_chunks == 1:
-            raise ValueError("offload_chunks moves the chunks of sequence-chunked layers; it needs sequence_chunks > 1")
-        if self.offload_param and self.zero_stage != 3:
-            raise ValueError("offload_param (ZeRO-3 parameter offload) needs zero_stage 3")
         if not isinstance(self.ep, int) or self.ep < 1 or (self.sp * self.dp) % self.ep:
             raise ValueError(f"ep ({self.ep!r}) must be a positive integer dividing sp x dp ({self.sp * self.dp}): "
                              f"the expert-parallel groups are folded onto the ranks holding distinct tokens")
@@ -445,6 +441,9 @@ class Candidate:
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
         return " ".join(parts)
+
+
+_CANDIDATE_RULES = rules_of(CANDIDATE)
 
 
 @functools.lru_cache(maxsize=None)

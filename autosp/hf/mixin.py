@@ -76,7 +76,7 @@ class SPTrainerMixin:
         zero = planning.trainer_zero(targs)
         planning.check_agreement(c, targs, zero, self._sp_dtype)
         changes = {}
-        if zero is None and (c.zero_stage > 0 or c.offload_optimizer):
+        if zero is None and c.zero_stage > 0:
             n_params = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None
             changes["deepspeed"] = planning.plan_ds_config(c, self._sp_dtype or "fp32", n_params,
                                                            torch.cuda.is_available())

@@ -120,8 +120,6 @@ def check_agreement(candidate, args, zero: dict | None, dtype: str | None) -> No
                 raise UsageError(f"the Trainer's DeepSpeed config has ZeRO {key}={zero[key]} but the plan has "
                                  f"{name}={planned}; drop the DeepSpeed config (the plan's is used) or re-plan "
                                  f"with --fix {name}={json.dumps(zero[key])}")
-    elif candidate.zero_stage == 0 and candidate.offload_optimizer:
-        raise UsageError("the plan offloads the optimizer, which needs ZeRO >= 1")
     if dtype is not None:
         trainer_dtype = "bf16" if args.bf16 else ("fp16" if args.fp16 else "fp32")
         if trainer_dtype != dtype:

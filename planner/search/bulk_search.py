@@ -13,13 +13,15 @@ way: exact, and cheaper than sampler trials (planner/api.py).
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
 
+from autosp.contract import rules
 from autosp.cost_models import bulk
 from autosp.contract.knobs import BY_NAME, FAMILY, SIMPLICITY, knobs_of
-from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES
+from autosp.contract.specs import CHECKPOINTING_POLICIES
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 
 BULK_EXHAUSTIVE_CANDIDATES = 1_500_000
@@ -45,33 +47,73 @@ def supported(space) -> bool:
     return bulk.supported(space.hardware) is None
 
 
-_POLICY = {p: i for i, p in enumerate(CHECKPOINTING_POLICIES)}
-_OVERLAP = {o: i for i, o in enumerate(OVERLAP_SCHEDULES)}
 _KINDS = {name: bool if BY_NAME[name].kind is bool else np.int64 for name in bulk.ROW_KNOBS}
 
 
-def layout_rows(per: dict):
-    """(row arrays, canonical mask) of one layout's choices ``per`` (:meth:`SearchSpace.per_layout_choices`, or a
-    narrower copy): the grid of :data:`~autosp.cost_models.bulk.ROW_KNOBS` and the rows that are canonical whatever
-    the shape; None when a row knob has no choice."""
+def layout_rows(per: dict) -> dict | None:
+    """The row arrays of one layout's choices ``per`` (:meth:`SearchSpace.per_layout_choices`, or a narrower
+    copy): the grid of :data:`~autosp.cost_models.bulk.ROW_KNOBS`, every combination (:func:`rule_mask` keeps
+    the canonical ones); None when a row knob has no choice."""
     axes = [np.asarray([BY_NAME[name].order_key(v) for v in per[name]], dtype=_KINDS[name]) for name in bulk.ROW_KNOBS]
     if any(len(a) == 0 for a in axes):
         return None
     grid = np.meshgrid(*axes, indexing="ij")
-    rows = {k: g.ravel() for k, g in zip(bulk.ROW_KNOBS, grid)}
-    zero, opt, param, ckpt = rows["zero_stage"], rows["offload_optimizer"], rows["offload_param"], rows["checkpointing"]
-    keep = ~(rows["offload_activations"] & (ckpt == _POLICY["none"]))  # offload needs checkpointed tensors
-    keep &= ~(opt & (zero == 0))                                # ZeRO-Offload needs ZeRO
-    keep &= ~param | ((zero == 3) & opt)                        # parameter offload: ZeRO-3 with optimizer offload
-    return rows, keep
+    return {k: g.ravel() for k, g in zip(bulk.ROW_KNOBS, grid)}
 
 
-def group_mask(rows: dict, keep: np.ndarray, seq: int) -> np.ndarray:
-    """The canonical rows of :func:`layout_rows` for a shape group with ``seq`` sequence chunks."""
-    if seq == 1:
-        return keep & ~rows["offload_chunks"]                   # chunk offload needs sequence chunks
-    return keep & ~np.isin(rows["checkpointing"], (_POLICY["selective"], _POLICY["sequence"])) \
-        & (rows["overlap"] != _OVERLAP["head_pipeline"])        # space.chunks_reason
+def shape_key(shape: dict) -> tuple:
+    """What the rules of the knob table read of a shape group's ``shape`` (the knobs that are not rows: sp, ring,
+    sequence chunks, ...): per rule, its test's verdict where it reads the shape alone, else the shape's values it
+    reads. Groups with the same key and row choices have the same :func:`rule_mask`."""
+    rows = set(bulk.ROW_KNOBS)
+    return tuple(rule.holds(shape) if rule.knob not in rows
+                 else rule.test(*(shape[n] for n in rule.reads)) if not rows & set(rule.reads)
+                 else tuple((n, shape[n]) for n in rule.reads if n not in rows)
+                 for rule in rules.RULES)
+
+
+def rule_mask(per: dict, key: tuple) -> np.ndarray:
+    """The rows of :func:`layout_rows` of ``per`` that break no rule of the knob table
+    (:data:`autosp.contract.rules.RULES`) in a shape group of :func:`shape_key` ``key``: the numpy form of
+    :func:`autosp.contract.rules.combinations`. Each rule is evaluated on the few values of the row knobs it names
+    and broadcast over the grid; kept per (row choices, key), read-only."""
+    return _rule_mask(tuple(tuple(per[name]) for name in bulk.ROW_KNOBS), key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule_mask(choices: tuple, read: tuple) -> np.ndarray:
+    position = {name: i for i, name in enumerate(bulk.ROW_KNOBS)}
+    keep = np.ones([len(c) for c in choices], dtype=bool)
+    for rule, shape in zip(rules.RULES, read):
+        if rule.knob not in position:  # a rule of the shape alone: all rows or none
+            keep &= shape
+            continue
+        on = np.asarray([v in rule.on for v in choices[position[rule.knob]]])
+        axes = [n for n in rule.reads if n in position]
+        if not axes:
+            passes = np.asarray(shape)
+        else:  # the rule's test over the values of the row knobs it reads, the shape's fixed
+            passes = np.empty([len(choices[position[n]]) for n in axes], dtype=bool)
+            for index in np.ndindex(*passes.shape):
+                values = dict(shape, **{n: choices[position[n]][i] for n, i in zip(axes, index)})
+                passes[index] = rule.test(*(values[n] for n in rule.reads))
+        keep &= ~(_along(on, [rule.knob], position) & ~_along(passes, axes, position))
+    mask = keep.ravel()
+    mask.setflags(write=False)
+    return mask
+
+
+def _along(values: np.ndarray, axes: list, position: dict) -> np.ndarray:
+    """``values`` (one axis per name of ``axes``, in their order; a scalar for none) shaped to broadcast over the
+    grid of :data:`~autosp.cost_models.bulk.ROW_KNOBS` (``position``: each row knob's axis)."""
+    if not axes:
+        return values
+    order = sorted(range(len(axes)), key=lambda i: position[axes[i]])
+    values = np.transpose(values, order)
+    shape = [1] * len(position)
+    for k, i in enumerate(order):
+        shape[position[axes[i]]] = values.shape[k]
+    return values.reshape(shape)
 
 
 def space_groups(space):
@@ -79,12 +121,11 @@ def space_groups(space):
     with checkpointing and overlap as indices into CHECKPOINTING_POLICIES and OVERLAP_SCHEDULES."""
     for sp, ring in space.layouts():
         per = space.per_layout_choices(sp, ring)
-        grid = None if per is None else layout_rows(per)
-        if grid is None:
+        rows = None if per is None else layout_rows(per)
+        if rows is None:
             continue
-        rows, keep = grid
         for micro, seq, ep in itertools.product(per["micro_batch"], per["sequence_chunks"], per["ep"]):
-            mask = group_mask(rows, keep, seq)
+            mask = rule_mask(per, shape_key(dict(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)))
             if not mask.any():
                 continue
             base = space.make(sp=sp, ring=ring, micro_batch=micro, sequence_chunks=seq, ep=ep)  # row knobs at their defaults
@@ -208,5 +249,5 @@ def best_of(space, evaluator: Evaluator, seq_len: int | None = None):
     return best[0] if best else None
 
 
-__all__ = ["BULK_EXHAUSTIVE_CANDIDATES", "MAX_RESCORED", "TIE", "best_of", "bulk_throughput", "score_space",
-           "row_candidate", "space_groups", "supported"]
+__all__ = ["BULK_EXHAUSTIVE_CANDIDATES", "MAX_RESCORED", "TIE", "best_of", "bulk_throughput", "layout_rows",
+           "row_candidate", "rule_mask", "score_space", "shape_key", "space_groups", "supported"]

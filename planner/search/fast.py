@@ -37,7 +37,6 @@ import itertools
 from autosp.contract.knobs import BY_NAME, LEAN_NEST, STRUCTURAL, STRUCTURE, lean_alternatives
 from autosp.planner.search.evaluator import CTX_GRANULE, MAX_CTX, Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import DIAL_KNOBS, complete, undialed
-from autosp.planner.search.space import chunk_overlap
 
 CLIMB_STEPS = 8
 """Moves of the light climb after the branch and bound (it rarely takes more than two)."""
@@ -52,13 +51,10 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     """The leanest points of a structure, one per offload pair and sequence-chunking choice
     (the most chunks, their saved tensors offloaded or kept, or no chunks: chunked layers need checkpointing
     none or full, and offloaded chunks share the host's memory with the other offloads); ``tiles``: use the
-    first ``tiles`` tiling levels only (default all). A tied model keeps its loss untiled at ZeRO 3."""
-    from autosp.planner.search.space import zero3_loss_ok
-
+    first ``tiles`` tiling levels only (default all)."""
     mlp, loss = per["mlp_chunks"], per["loss_chunks"]
     if tiles is not None:
         mlp, loss = mlp[:min(tiles, len(mlp))], loss[:min(tiles, len(loss))]
-    loss_chunks = loss[-1] if zero3_loss_ok(space.model, structure["zero_stage"], loss[-1]) else 1
     # each dial of the table's lean nesting (autosp.contract.knobs.LEAN_NEST), leanest value first: the most chunks
     # or none, each offload on or off (they share the host's memory), the most experts sharded or none
     alternatives = [(structure[name],) if name in structure else
@@ -67,10 +63,9 @@ def _lean_points(space, per: dict, tiles: int | None = None, **structure):
     seen = set()
     for values in itertools.product(*alternatives):
         dials = dict(zip(LEAN_NEST, values))
-        # sequence chunks take kv_async where the structure has head_pipeline (else every chunked point is invalid
-        # and a family that fits only chunked is screened out)
-        cand = space.make(**dict(base, overlap=chunk_overlap(base["overlap"], dials["sequence_chunks"])),
-                          mlp_chunks=mlp[-1], loss_chunks=loss_chunks, **dials)
+        # make() settles the rule table: sequence chunks take kv_async where the structure has head_pipeline (else
+        # every chunked point would be invalid and a family that fits only chunked screened out)
+        cand = space.make(**base, mlp_chunks=mlp[-1], loss_chunks=loss[-1], **dials)
         if cand not in seen and not space.reason(cand):
             seen.add(cand)
             yield cand
@@ -80,7 +75,8 @@ def _leanest_fits(space, evaluator, seq: int, per: dict, structure: dict, memo: 
     """Whether one of the leanest points of the structure at its highest ZeRO stage (and the highest below 3),
     fits at ``seq`` (memory-only calls; ``memo`` keeps the answer per structure)."""
     higher = [z for z in per["zero_stage"] if z >= structure["zero_stage"]]
-    # the highest stage is the leanest, except that a tied model may tile its loss only below ZeRO 3
+    # the highest stage is the leanest, except where ZeRO-3's gathered weights and prefetch buckets cost more than
+    # it shards (on one GPU it shards nothing): the highest stage below 3 is tried too
     for zero in {higher[-1], max((z for z in higher if z < 3), default=higher[-1])}:
         key = tuple(sorted(dict(structure, zero_stage=zero).items()))
         ok = memo.get(key)

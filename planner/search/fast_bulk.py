@@ -40,18 +40,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autosp.contract import rules
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Candidate
 from autosp.cost_models import bulk
 from autosp.cost_models.estimate import tokens_per_second_over_zero_stages
 from autosp.cost_models.shapes import Shapes
-from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, group_mask, layout_rows, row_candidate
+from autosp.planner.search.bulk_search import TIE, ZERO_STAGES, layout_rows, row_candidate, rule_mask, shape_key
 from autosp.planner.search.evaluator import Evaluator, SearchResult, ranked_at
 from autosp.planner.search.moves import undialed
-from autosp.planner.search.space import chunk_overlap, pin_reason
+from autosp.planner.search.space import pin_reason
 
 POLICIES = len(CHECKPOINTING_POLICIES)
-CHUNKED_POLICIES = tuple(CHECKPOINTING_POLICIES.index(p) for p in ("none", "full"))
-"""The checkpointing policies a sequence-chunked layer admits (space.chunks_reason), as indices."""
+CHUNKED_POLICIES = tuple(i for i, p in enumerate(CHECKPOINTING_POLICIES)
+                         if rules.allows({"checkpointing": p, "sequence_chunks": 2}))
+"""The checkpointing policies a sequence-chunked layer admits (the rule table, at any count of chunks above
+one), as indices."""
+
+
+def cell_overlap(sp: int, ring: int, seq: int, overlap: str) -> str:
+    """The overlap schedule of the cell of a structure with ``overlap`` at ``seq`` sequence chunks: as the rule table
+    settles it (head_pipeline gives way to kv_async with chunks)."""
+    return rules.settled_value("overlap", dict(overlap=overlap, sp=sp, ring=ring, sequence_chunks=seq))
 
 CLIMB_STEPS = 8
 """Moves of the light climb (as the scalar search's)."""
@@ -126,18 +135,20 @@ class Cell:
 
 
 @functools.lru_cache(maxsize=512)
-def _cell_rows(choices: tuple, seq: int):
+def _cell_rows(choices: tuple, key: tuple):
     """(row arrays, family ids, the rows' :class:`~autosp.cost_models.bulk.RowSet`) of a cell whose row knobs take
-    ``choices`` ((name, values) pairs, the layout's choices at one overlap schedule) with ``seq`` sequence chunks,
-    or None when no row is canonical. A pure function of its arguments, kept across the requests of a process (a
-    sweep's requests share most layouts' choices); the arrays are read-only."""
-    grid = layout_rows(dict(choices))
+    ``choices`` ((name, values) pairs, the layout's choices at one overlap schedule) in a shape of
+    :func:`~autosp.planner.search.bulk_search.shape_key` ``key``, or None when no row is canonical. A pure function
+    of its arguments, kept across the requests of a process (a sweep's requests share most layouts' choices); the
+    arrays are read-only."""
+    per = dict(choices)
+    grid = layout_rows(per)
     if grid is None:
         return None
-    mask = group_mask(grid[0], grid[1], seq)
+    mask = rule_mask(per, key)
     if not mask.any():
         return None
-    rows = {k: v[mask] for k, v in grid[0].items()}
+    rows = {k: v[mask] for k, v in grid.items()}
     family = np.asarray(rows["zero_stage"], dtype=np.int64) * POLICIES + rows["checkpointing"]
     for array in (*rows.values(), family):
         array.setflags(write=False)
@@ -170,7 +181,7 @@ class Cells:
         per = self.per(sp, ring)
         if per is not None and overlap in per["overlap"]:
             choices = tuple((name, (overlap,) if name == "overlap" else per[name]) for name in bulk.ROW_KNOBS)
-            found = _cell_rows(choices, seq)
+            found = _cell_rows(choices, shape_key(dict(sp=sp, ring=ring, sequence_chunks=seq)))
             if found is not None:
                 rows, family, row_set = found
                 index = self._may_fit(key) if self.partial else None
@@ -291,7 +302,7 @@ class _Search:
         per = self.cells.per(sp, ring)
         seq = per["sequence_chunks"][0]
         for ep in per["ep"]:
-            key = (sp, ring, ep, micro, seq, chunk_overlap(overlap, seq))
+            key = (sp, ring, ep, micro, seq, cell_overlap(sp, ring, seq, overlap))
             self._push(self._bound(*key), key, structure, True)
 
     def _take(self, cell: Cell, structure: tuple, first: bool) -> None:
@@ -323,7 +334,8 @@ class _Search:
         """Queue the sequence-chunked cells of a first cell ``key`` with ``bound``."""
         sp, ring, ep, micro = key[:4]
         for seq in self.cells.per(sp, ring)["sequence_chunks"][1:]:
-            self._push(bound, (sp, ring, ep, micro, seq, chunk_overlap(structure[3], seq)), structure, False, False)
+            self._push(bound, (sp, ring, ep, micro, seq, cell_overlap(sp, ring, seq, structure[3])), structure, False,
+                       False)
 
     def drain(self) -> None:
         """Price the queued cells, best bound first, while a bound beats the best fitting point."""
@@ -355,7 +367,7 @@ class _Search:
             seq = per["sequence_chunks"][0]
             top, misses = self.layout_best(sp, ring), 0
             for micro in per["micro_batch"][1:]:
-                caps, ceilings = zip(*(self.cells.bounds(sp, ring, ep, micro, seq, chunk_overlap(overlap, seq))
+                caps, ceilings = zip(*(self.cells.bounds(sp, ring, ep, micro, seq, cell_overlap(sp, ring, seq, overlap))
                                        for ep in per["ep"]))
                 if max(ceilings) <= self.best[0]:
                     break  # no larger micro-batch of this layout can win either
@@ -472,4 +484,4 @@ def bulk_fast_throughput(space, evaluator: Evaluator, seq_len: int | None = None
                                  "scalar_evaluations": scalar})
 
 
-__all__ = ["CLIMB_STEPS", "Cell", "Cells", "MAX_TIES", "RUNNER_UP_FAMILIES", "bulk_fast_throughput"]
+__all__ = ["CLIMB_STEPS", "Cell", "Cells", "MAX_TIES", "RUNNER_UP_FAMILIES", "bulk_fast_throughput", "cell_overlap"]

@@ -40,12 +40,8 @@ def single_moves(space, cand, stronger: bool) -> list:
     for name in DIALS:  # the offloads: switched on (off) where the canonical form lets them
         if BY_NAME[name].kind is bool and BY_NAME[name].memory_step and getattr(cand, name) != stronger:
             moves.append(dict(knobs, **{name: stronger}))
-    from autosp.planner.search.space import chunk_overlap  # here: a plan cache hit imports this module, not the space
-
-    for move in moves:  # sequence chunks take kv_async where head_pipeline was
-        move["overlap"] = chunk_overlap(move["overlap"], move["sequence_chunks"])
     out = []
-    for knob_set in moves:
+    for knob_set in moves:  # make() settles the rule table (sequence chunks take kv_async where head_pipeline was)
         other = space.make(**knob_set)
         if other != cand and not space.reason(other):
             out.append(other)
@@ -85,6 +81,9 @@ def hill_climb(space, start, better, fits, faster, neighbours, max_steps: int = 
 
 
 DIAL_KNOBS = DIALS
+
+_WALK_OFFLOADS = tuple(name for name in DIALS if BY_NAME[name].kind is bool and BY_NAME[name].memory_step)
+"""The true/false dials that save memory (the offloads), table order: the walk switches each on."""
 """The knobs that trade speed for memory within one structure (sp, ring, ZeRO, micro-batch, checkpointing,
 overlap): the knob table's dials (autosp.contract.knobs); :func:`complete` sets them for a structure."""
 
@@ -145,21 +144,15 @@ def _walk(space, cand, estimate):
             i = values.index(base[name])
             if i + 1 < len(values):
                 options.append(dict(base, **{name: values[i + 1]}))
-        from autosp.planner.search.space import chunk_overlap
-
-        for option in options:  # sequence chunks take kv_async where head_pipeline was
-            option["overlap"] = chunk_overlap(option["overlap"], option["sequence_chunks"])
-        if current.checkpointing != "none" and not current.offload_activations and not current.offload_chunks:
-            options.append(dict(base, offload_activations=True))
-        if current.sequence_chunks > 1 and not current.offload_chunks:
-            options.append(dict(base, offload_chunks=True))
-        if current.zero_stage >= 1 and not current.offload_optimizer:
-            options.append(dict(base, offload_optimizer=True))
-        if current.zero_stage == 3 and current.offload_optimizer and not current.offload_param:
-            options.append(dict(base, offload_param=True))
+        # each offload switched on (activation offload not beside chunk offload: both fill the host's memory); where
+        # a rule of the table does not let it apply, make() settles it off again and the option is dropped
+        for name in _WALK_OFFLOADS:
+            if not base[name] and not (name == "offload_activations" and base["offload_chunks"]):
+                options.append(dict(base, **{name: True}))
         higher = [z for z in choices["zero_stage"] if z > current.zero_stage]
         if higher:
             options.append(dict(base, zero_stage=higher[0]))
+        # make() settles the rule table (sequence chunks take kv_async where head_pipeline was)
         options = [o for o in (space.make(**k) for k in options) if o != current and not space.reason(o)]
         scored = [(o, estimate(o)) for o in options]
         for o, e in scored:

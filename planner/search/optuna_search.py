@@ -116,12 +116,12 @@ def warm_starts(space) -> list[dict]:
     # the leanest layers: sequence-chunked and recomputed (only their inputs kept, offloaded), the chunks of the
     # layer in its backward offloaded; and chunked layers kept whole in host memory
     chunked = dict(lean, sequence_chunks=max(choices["sequence_chunks"]), offload_chunks=True, mlp_chunks=1)
-    chunked_on_device = dict(chunked, checkpointing="none", offload_activations=False)
+    chunked_on_device = dict(chunked, checkpointing="none")
     middle = dict(lean, checkpointing="sequence", offload_activations=False, mlp_chunks=4, loss_chunks=8,
                   overlap="kv_async", offload_optimizer=False, offload_param=False)
     fast = dict(middle, zero_stage=1, checkpointing="selective", mlp_chunks=1, loss_chunks=8)
-    # ZeRO-3 may not tile the loss of a tied model (space.zero3_loss_ok): then the leanest plan is ZeRO-2
-    # with the loss tiled when logits dominate, or ZeRO-3 untiled when parameters do: start from both.
+    # ZeRO-3's gathered weights and prefetch buckets can cost more than it shards (on one GPU it shards nothing):
+    # then the leanest plan is ZeRO-2, so start from both.
     lean_tiled_loss = dict(lean, zero_stage=2)
     other_rings = [dict(lean, ring=r) for r in space.rings_for(sp) if r != lean["ring"]]
     starts = []

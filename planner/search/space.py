@@ -19,24 +19,22 @@ Knobs and choices
   step trains dp x micro_batch sequences.
 - ``checkpointing``: none / selective / sequence / full.
 - ``mlp_chunks`` in :data:`MLP_CHUNKS`, ``loss_chunks`` in :data:`LOSS_CHUNKS` (sequence tiling).
-- ``offload_activations``: only with a checkpointing policy (it moves the checkpointed tensors).
-- ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU
-  Adam); only with ZeRO stage >= 1.
+- ``offload_activations``: the checkpointed tensors in host memory.
+- ``offload_optimizer``: ZeRO-Offload (master weights, Adam states and the step on the host, CPU Adam).
 - ``offload_param``: ZeRO-3 parameter offload (each rank's bf16 weight partition on the host, fetched
-  layer by layer: cost_models/param_offload.py); only at ZeRO stage 3 and together with
-  ``offload_optimizer`` -- the pairing ALST's one-GPU recipe uses: the weights are 2 B per parameter
-  against the optimizer's 12 (+ gradients), so offloading them alone is never the leaner move.
+  layer by layer: cost_models/param_offload.py).
 - ``ep``: expert parallelism of a mixture-of-experts model (cost_models/moe.py): the EP group of ``ep``
   consecutive ranks (SP and DP ranks alike) splits every MoE layer's experts; 1 for a dense model, whose space
   keeps its size.
-- ``overlap``: none / kv_async / head_pipeline; only with a Ulysses dimension (U > 1: with U = 1 there is
-  no all-to-all).
+- ``overlap``: none / kv_async / head_pipeline.
 - ``sequence_chunks`` in :data:`SEQUENCE_CHUNKS`: each decoder layer runs over the rank's tokens in that many
   chunks (cost_models/chunks.py); ``offload_chunks``: the chunks' saved tensors and the dK/dV accumulators
-  live in host memory, only with ``sequence_chunks > 1``. A chunked layer is checkpointed like attention: kept
-  (its layer input, K/V and attention output) under ``none``, ``selective`` and ``sequence`` alike, so with chunks
-  those three are ``none``; recomputed under ``full`` (then only its input is kept, and activation offload moves
-  that). It needs one attention per layer, so no ``head_pipeline``.
+  live in host memory. A chunked layer is checkpointed like attention: kept (its layer input, K/V and attention
+  output) under ``none``, ``selective`` and ``sequence`` alike; recomputed under ``full`` (then only its input is
+  kept, and activation offload moves that).
+
+The couplings between knobs (e.g. activation offload needs a checkpointing policy) are the rule table
+:data:`autosp.contract.rules.RULES`, each with its reason; every function below reads it.
 
 Validity rules (docs/design.md section 2)
 
@@ -46,6 +44,8 @@ Validity rules (docs/design.md section 2)
 - R divides sp; U divides the devices of a node or is a multiple of them (a Ulysses group never straddles
   a node boundary part-way);
 - ``head_pipeline`` needs at least two local query heads (heads / U) to pipeline;
+- the knob rules of :data:`autosp.contract.rules.RULES` but the search's own (a plan may offload its parameters
+  without its optimizer; the search only proposes the pair);
 - a sequence that does not divide by sp (of lcm(sp, 2R) with a ring: 2R zigzag chunks over U ranks) is padded up
   (pad tokens carry ignored labels): valid, and :func:`padding` says how much is wasted;
 - ``ep`` (mixture-of-experts models only; :func:`ep_choices`): divides the experts and the world, and, like a
@@ -59,23 +59,19 @@ Validity rules (docs/design.md section 2)
 Pinned knobs (``--fix``, :func:`restrict`): a pinned knob's choices are the pinned value alone, and
 :meth:`SearchSpace.reason` refuses a candidate that does not keep every pin.
 
-Canonical form: knobs that cannot matter are fixed (``overlap='none'`` without an all-to-all;
-``offload_activations=False`` without checkpointing; ``offload_optimizer=False`` at ZeRO stage 0;
-``offload_chunks=False`` without sequence chunks; ``checkpointing`` ``none`` or ``full`` with them;
-``offload_param=False`` below ZeRO-3 or without optimizer offload), so
-no two candidates of the space mean the same training run. :data:`SPACE_VERSION` changes whenever this file changes; plan caches key on it.
+Canonical form (:func:`canonical`, :func:`make_candidate`): a knob a rule of the table says cannot apply takes
+the rule's off value, so no two candidates of the space mean the same training run. :data:`SPACE_VERSION`
+changes whenever this file or the rule table changes; plan caches key on it.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass, field, replace
 
+from autosp.contract import rules
 from autosp.cost_models.shapes import padding_multiple
 from autosp.contract.knobs import BY_NAME, SEARCHED
-from autosp.contract.rules import chunks_overlap_reason
-from autosp.contract.rules import overlap_reason as contract_overlap_reason
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -133,21 +129,6 @@ def tile_ok(chunks: int, tokens: int) -> bool:
 def sequence_chunks_ok(chunks: int, tokens: int) -> bool:
     """Whether ``chunks`` sequence chunks of ``tokens`` tokens each hold at least MIN_SEQUENCE_CHUNK_TOKENS."""
     return chunks == 1 or tokens // chunks >= MIN_SEQUENCE_CHUNK_TOKENS
-
-
-def chunks_reason(sequence_chunks: int, checkpointing: str, overlap: str) -> str | None:
-    """Why sequence chunks cannot go with this policy or overlap schedule, or None."""
-    if sequence_chunks == 1:
-        return None
-    if checkpointing in ("selective", "sequence"):
-        return (f"a sequence-chunked layer is kept whole (its input, K/V, attention output) by every policy but "
-                f"full; use checkpointing 'none' or 'full' with sequence_chunks > 1, not {checkpointing!r}")
-    return chunks_overlap_reason(sequence_chunks, overlap)
-
-
-def chunk_overlap(overlap: str, sequence_chunks: int) -> str:
-    """The overlap schedule nearest to ``overlap`` that sequence chunks allow (head_pipeline -> kv_async)."""
-    return "kv_async" if sequence_chunks > 1 and overlap == "head_pipeline" else overlap
 
 
 def divisors(n: int) -> list[int]:
@@ -210,14 +191,6 @@ def sp_reason(model: ModelSpec, hw: HardwareSpec, sp: int, allow_cross_node_sp: 
     return layout_reason(model, hw, sp, 1, allow_cross_node_sp)  # no U x R split works: say why U = sp fails
 
 
-def zero3_loss_ok(model: ModelSpec, zero_stage: int, loss_chunks: int) -> bool:
-    """Whether ZeRO-3 may tile the loss of ``model``: always. Under ZeRO-3 the compiler tiles the loss by keeping
-    the LM head gathered and traced inline with the loss (compiler/zero3.py), the input embedding too when the two
-    are tied (the one shared matrix stays gathered; the cost model charges it: memory.zero3_gathered_params). Kept
-    as the hook where a coupling of ZeRO stage and loss tiling would go."""
-    return True
-
-
 def ep_choices(model: ModelSpec, hw: HardwareSpec) -> tuple[int, ...]:
     """The expert-parallel degrees of ``model`` on ``hw``: (1,) for a dense model; else the divisors of the world
     that divide the experts and divide a node or are a multiple of its GPUs."""
@@ -242,11 +215,8 @@ def ep_reason(model: ModelSpec, hw: HardwareSpec, ep: int) -> str | None:
     return None
 
 
-def overlap_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
-    """Why an all-to-all overlap schedule cannot apply with a Ulysses degree of ``ulysses``, or None."""
-    reason = contract_overlap_reason(overlap, ulysses)  # the rule the compiler holds a plan to as well
-    if reason:
-        return reason
+def heads_reason(model: ModelSpec, overlap: str, ulysses: int) -> str | None:
+    """Why ``model``'s heads cannot pipeline with a Ulysses degree of ``ulysses`` (head_pipeline), or None."""
     if overlap == "head_pipeline" and model.n_heads // ulysses < 2:
         return (f"head_pipeline needs at least 2 local query heads, ulysses={ulysses} leaves "
                 f"{model.n_heads // ulysses}")
@@ -261,13 +231,13 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
     reason = layout_reason(model, hw, cand.sp, cand.ring, allow_cross_node_sp)
     if reason:
         return reason
-    reason = overlap_reason(model, cand.overlap, cand.ulysses)
+    reason = rules.reason(cand, rules.PLANNER)
+    if reason:
+        return reason
+    reason = heads_reason(model, cand.overlap, cand.ulysses)
     if reason:
         return reason
     reason = ep_reason(model, hw, cand.ep)
-    if reason:
-        return reason
-    reason = chunks_reason(cand.sequence_chunks, cand.checkpointing, cand.overlap)
     if reason:
         return reason
     tokens = local_tokens(workload.seq_len, cand.sp, cand.ring)
@@ -295,24 +265,12 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
 
 
 def canonical(cand: Candidate) -> Candidate:
-    """Fix the knobs that cannot matter, so equal training runs compare equal."""
-    changes = {}
-    if cand.ulysses == 1 and cand.overlap != "none":
-        changes["overlap"] = "none"
-    if cand.checkpointing == "none" and cand.offload_activations:
-        changes["offload_activations"] = False
-    if cand.zero_stage == 0 and cand.offload_optimizer:
-        changes["offload_optimizer"] = False
-    if cand.sequence_chunks > 1 and cand.checkpointing in ("selective", "sequence"):
-        changes.update(checkpointing="none", offload_activations=False)
-    if cand.offload_param and not param_offload_ok(cand.zero_stage, cand.offload_optimizer and cand.zero_stage > 0):
-        changes["offload_param"] = False
+    """``cand`` with every knob a rule of the table says cannot apply at its off value (:func:`rules.settle`), so
+    equal training runs compare equal."""
+    knobs = vars(cand)
+    settled = rules.settle(knobs)
+    changes = {name: value for name, value in settled.items() if value != knobs[name]}
     return replace(cand, **changes) if changes else cand
-
-
-def param_offload_ok(zero_stage: int, offload_optimizer: bool) -> bool:
-    """Parameter offload is searched at ZeRO-3 together with optimizer offload (module docstring)."""
-    return zero_stage == 3 and offload_optimizer
 
 
 _SEARCHED_NAMES = frozenset(SEARCHED)
@@ -333,14 +291,7 @@ def make_candidate(world: int, global_batch: int | None, **knobs) -> Candidate:
     grad_accum = 1
     if global_batch is not None and global_batch % (dp * k["micro_batch"]) == 0:
         grad_accum = global_batch // (dp * k["micro_batch"])
-    k["offload_chunks"] = k["offload_chunks"] and k["sequence_chunks"] > 1
-    if k["sequence_chunks"] > 1 and k["checkpointing"] != "full":  # chunked layers are kept like attention by all three
-        k["checkpointing"] = "none"
-    k["offload_activations"] = k["offload_activations"] and k["checkpointing"] != "none"
-    k["overlap"] = k["overlap"] if k["sp"] > k["ring"] else "none"
-    k["offload_param"] = k["offload_param"] and param_offload_ok(k["zero_stage"], k["offload_optimizer"])
-    k["offload_optimizer"] = k["offload_optimizer"] and k["zero_stage"] >= 1
-    return Candidate(dp=dp, grad_accum=grad_accum, **k)
+    return Candidate(dp=dp, grad_accum=grad_accum, **rules.settle(k))
 
 
 @dataclass(frozen=True)
@@ -420,9 +371,6 @@ class SearchSpace:
                 if valid and knobs[name] not in valid:
                     below = [v for v in valid if v <= knobs[name]]
                     knobs = dict(knobs, **{name: below[-1] if below else valid[0]})
-        if not zero3_loss_ok(self.model, knobs["zero_stage"], knobs["loss_chunks"]):
-            knobs = dict(knobs, loss_chunks=1)
-        knobs["overlap"] = chunk_overlap(knobs["overlap"], knobs.get("sequence_chunks", 1))
         return self.make(**knobs)
 
     def min_seq_len(self, cand: Candidate) -> int:
@@ -451,21 +399,10 @@ class SearchSpace:
         a longer sequence: what the max-ctx searches explore)."""
         return replace(self, micro_batch=(1,) if 1 in self.micro_batch else self.micro_batch[:1])
 
-    def per_sp_choices(self, sp: int) -> dict[str, tuple] | None:
-        """The knob values valid together with ``sp`` for some ring degree: ``ring`` lists those degrees, the
-        other knobs are the union over them (:meth:`per_layout_choices` gives them per layout)."""
-        rings = self.rings_for(sp)
-        if not rings:
-            return None
-        per = [self.per_layout_choices(sp, r) for r in rings]
-        merged = {"ring": rings}
-        for name in per[0]:
-            merged[name] = tuple(v for v in getattr(self, name) if any(v in p[name] for p in per))
-        return merged
-
     def per_layout_choices(self, sp: int, ring: int) -> dict[str, tuple] | None:
-        """The knob values valid together with the layout sp = (sp / ring) x ring (every rule but
-        :func:`zero3_loss_ok` is separable once the layout is fixed). Kept per space (a search asks for each
+        """The knob values valid together with the layout sp = (sp / ring) x ring (the tiling levels its tokens
+        allow, the micro-batches its dp splits the batch into, the overlap schedules its Ulysses degree and heads
+        allow); the couplings of the rule table between the other knobs stay. Kept per space (a search asks for each
         layout's several times; the space is frozen); the caller must not change the dict."""
         memo = self._per_layout_memo
         if (sp, ring) not in memo:
@@ -488,7 +425,8 @@ class SearchSpace:
             micro = tuple(m for m in self.micro_batch if gb % (dp * m) == 0
                           and (accum is None or gb == dp * m * accum))
         ulysses = sp // ring
-        overlap = tuple(o for o in self.overlap if overlap_reason(self.model, o, ulysses) is None)
+        overlap = tuple(o for o in self.overlap if rules.allows(dict(overlap=o, sp=sp, ring=ring))
+                        and heads_reason(self.model, o, ulysses) is None)
         narrowed = {"micro_batch": micro, "overlap": overlap,
                     "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
                     "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
@@ -515,46 +453,16 @@ class SearchSpace:
             per = self.per_layout_choices(sp, ring)
             if per is None:
                 continue
-            names = tuple(per)
-            for values in itertools.product(*(per[name] for name in names)):
-                k = dict(zip(names, values))
-                if k["offload_activations"] and k["checkpointing"] == "none":
-                    continue  # canonical: offload needs checkpointed tensors
-                if k["offload_chunks"] and k["sequence_chunks"] == 1:
-                    continue  # canonical: chunk offload needs sequence chunks
-                if chunks_reason(k["sequence_chunks"], k["checkpointing"], k["overlap"]):
-                    continue
-                if k["offload_optimizer"] and k["zero_stage"] == 0:
-                    continue  # canonical: ZeRO-Offload needs ZeRO
-                if k["offload_param"] and not param_offload_ok(k["zero_stage"], k["offload_optimizer"]):
-                    continue  # canonical: parameter offload at ZeRO-3 with optimizer offload
-                if not zero3_loss_ok(self.model, k["zero_stage"], k["loss_chunks"]):
-                    continue
-                yield self.make(sp=sp, ring=ring, **k)
+            for k in rules.combinations(dict(per, sp=(sp,), ring=(ring,))):
+                yield self.make(**k)
 
     def size(self) -> int:
         """len(list(self.candidates())), without building them."""
         total = 0
         for sp, ring in self.layouts():
             per = self.per_layout_choices(sp, ring)
-            if per is None:
-                continue
-            acts, optims, seq_offs = per["offload_activations"], per["offload_optimizer"], per["offload_chunks"]
-            params = per["offload_param"]
-            # (checkpointing, activation offload, sequence chunks, chunk offload, overlap) combinations
-            n_ckpt_offload = 0
-            for seq in per["sequence_chunks"]:
-                for seq_off in seq_offs:
-                    if seq_off and seq == 1:
-                        continue
-                    for c in per["checkpointing"]:
-                        n_acts = (False in acts) + (c != "none" and True in acts)
-                        n_ckpt_offload += n_acts * sum(not chunks_reason(seq, c, o) for o in per["overlap"])
-            n_zero_loss_optim = sum(sum(p_ok for o in optims if not o or z >= 1
-                                        for p_ok in ((False in params), (True in params and param_offload_ok(z, o))))
-                                    * sum(zero3_loss_ok(self.model, z, c) for c in per["loss_chunks"]) for z in per["zero_stage"])
-            total += (n_zero_loss_optim * len(per["micro_batch"]) * n_ckpt_offload * len(per["mlp_chunks"])
-                      * len(per["ep"]))
+            if per is not None:
+                total += rules.count(dict(per, sp=(sp,), ring=(ring,)))
         return total
 
     def neighbours(self, cand: Candidate):
@@ -579,16 +487,12 @@ class SearchSpace:
                     if scaled * base["sp"] == base["micro_batch"] * value and scaled in choices["micro_batch"]:
                         micro.add(scaled)
                     variants = [{"sp": value, "ring": r, "micro_batch": m, "overlap": o}
-                                for r in self.rings_for(value) for m in sorted(micro)
-                                for o in (choices["overlap"] if value > r else ("none",))]
+                                for r in self.rings_for(value) for m in sorted(micro) for o in choices["overlap"]]
                 elif name == "ring":
                     if base["sp"] % value:
                         continue
-                    overlaps = choices["overlap"] if base["sp"] > value else ("none",)
-                    variants = [{"ring": value, "overlap": o} for o in overlaps]
-                elif name == "sequence_chunks":  # head_pipeline gives way to kv_async with chunks
-                    variants = [{name: value, "overlap": chunk_overlap(base["overlap"], value)}]
-                for change in variants:
+                    variants = [{"ring": value, "overlap": o} for o in choices["overlap"]]
+                for change in variants:  # make() settles what the move leaves broken (no overlap on a pure ring)
                     other = self.make(**{**base, **change})
                     if other not in seen and not self.reason(other):
                         seen.add(other)
@@ -616,7 +520,6 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     mlp = tuple(c for c in MLP_CHUNKS if tile_ok(c, most)) or (1,)
     loss = tuple(c for c in LOSS_CHUNKS if tile_ok(c, most)) or (1,)
     seq = tuple(c for c in SEQUENCE_CHUNKS if sequence_chunks_ok(c, most)) or (1,)
-    seq_off = OFFLOAD if len(seq) > 1 else (False,)
     if workload.global_batch is not None:
         # Only micro-batches that can divide some replica's share of the global batch.
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))
@@ -624,8 +527,8 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     space = SearchSpace(model=model, hardware=hw, workload=workload, allow_cross_node_sp=allow_cross_node_sp,
                         sp=tuple(valid), excluded_sp=tuple(excluded), ring=tuple(sorted(rings)) or (1,),
                         micro_batch=mb, mlp_chunks=mlp, loss_chunks=loss, sequence_chunks=seq,
-                        offload_chunks=seq_off, ep=ep_choices(model, hw), profile=profile)
-    return restrict(space, tuple(fixed)) if fixed else space
+                        ep=ep_choices(model, hw), profile=profile)
+    return restrict(space, tuple(fixed)) if fixed else replace(space, **implied_choices(space))
 
 
 def _shown(value) -> str:
@@ -658,51 +561,18 @@ def restrict(space: SearchSpace, pins) -> SearchSpace:
 
 
 def implied_choices(space: SearchSpace) -> dict[str, tuple]:
-    """The knob choices of ``space`` narrowed to the values that some canonical candidate can take together
-    with every knob that has a single choice (a pin, or a space with one value): the couplings of
-    :func:`canonical` and :func:`make_candidate` read the other way round (activation offload needs a
-    checkpointing policy, chunk offload sequence chunks, optimizer offload ZeRO >= 1, parameter offload ZeRO-3
-    with optimizer offload, sequence chunks checkpointing none or full and no head_pipeline). Repeated until nothing changes (one narrowing can leave another knob single). An
-    empty tuple: the single values exclude each other."""
-    c = {name: tuple(getattr(space, name)) for name in space.KNOBS}
+    """The knob choices of ``space`` that change when narrowed to the values some canonical candidate can take
+    together with every knob that has a single choice (a pin, or a space with one value; :func:`rules.narrow`: the
+    rule table read both ways, e.g. no chunk offload without a choice of sequence chunks). An empty tuple: the
+    single values exclude each other."""
     pinned = set(space.pinned())  # never narrowed here: pins that exclude each other are said by pins.check_pins
-    while True:
-        one = {name: values[0] for name, values in c.items() if len(values) == 1}
-        rules = []  # (knob narrowed, test of its values)
-        if one.get("offload_activations") is True:
-            rules.append(("checkpointing", lambda v: v != "none"))
-        if one.get("checkpointing") == "none":
-            rules.append(("offload_activations", lambda v: not v))
-        if one.get("offload_chunks") is True:
-            rules.append(("sequence_chunks", lambda v: v > 1))
-        if one.get("sequence_chunks") == 1:
-            rules.append(("offload_chunks", lambda v: not v))
-        if one.get("sequence_chunks", 1) > 1:
-            rules += [("checkpointing", lambda v: v in ("none", "full")), ("overlap", lambda v: v != "head_pipeline")]
-        if one.get("checkpointing") in ("selective", "sequence") or one.get("overlap") == "head_pipeline":
-            rules += [("sequence_chunks", lambda v: v == 1), ("offload_chunks", lambda v: not v)]
-        if one.get("offload_optimizer") is True:
-            rules.append(("zero_stage", lambda v: v >= 1))
-        if one.get("zero_stage") == 0:
-            rules.append(("offload_optimizer", lambda v: not v))
-        if one.get("offload_param") is True:
-            rules += [("zero_stage", lambda v: v == 3), ("offload_optimizer", lambda v: v)]
-        if one.get("offload_optimizer") is False or one.get("zero_stage", 3) != 3:
-            rules.append(("offload_param", lambda v: not v))
-        changed = False
-        for name, ok in rules:
-            if name in pinned:
-                continue
-            kept = tuple(v for v in c[name] if ok(v))
-            if kept != c[name]:
-                c[name], changed = kept, True
-        if not changed:
-            return {name: values for name, values in c.items() if values != getattr(space, name)}
+    choices = space.choices()
+    narrowed, _ = rules.narrow(choices, keep=pinned)
+    return {name: values for name, values in narrowed.items() if values != choices[name]}
 
 
 __all__ = ["CROSS_NODE_FLAG", "LOSS_CHUNKS", "MICRO_BATCHES", "MIN_SEQUENCE_CHUNK_TOKENS", "MIN_TILE_TOKENS",
            "MLP_CHUNKS", "OFFLOAD", "SEQUENCE_CHUNKS", "SPACE_REVISION", "SPACE_VERSION", "SearchSpace",
-           "ZERO_STAGES", "build_space", "canonical", "chunk_overlap", "chunks_reason", "divisors", "ep_choices", "ep_reason",
-           "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "overlap_reason", "padded_length",
-           "implied_choices", "padding", "param_offload_ok", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok",
-           "sp_reason", "tile_ok", "zero3_loss_ok"]
+           "ZERO_STAGES", "build_space", "canonical", "divisors", "ep_choices", "ep_reason", "heads_reason",
+           "implied_choices", "invalid_reason", "layout_reason", "local_tokens", "make_candidate", "padded_length",
+           "padding", "pin_reason", "restrict", "ring_choices", "sequence_chunks_ok", "sp_reason", "tile_ok"]

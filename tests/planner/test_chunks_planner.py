@@ -8,7 +8,8 @@ import pytest
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.contract.specs import Candidate, Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.ds_config import deepspeed_config
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.cli.report import render
@@ -90,7 +91,7 @@ def test_max_ctx_grows_with_the_chunk_knobs(max_ctx_plan):
 
 @pytest.fixture(scope="module")
 def max_ctx_plan():
-    return make_plan("llama-3.1-8b", None, "h100", objective="max-ctx", cache=False)
+    return plan_for(PlanRequest(model="llama-3.1-8b", hw="h100", objective="max-ctx"), cache=False)
 
 
 def test_max_ctx_plan_uses_chunks_and_reports_them(max_ctx_plan):

@@ -13,9 +13,9 @@ from autosp.planner.request import PlanRequest, resolve
 from autosp.planner.search.bulk_search import row_candidate, score_space
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.search.fast import fast_throughput, undialed
-from autosp.planner.search.fast_bulk import CHUNKED_POLICIES, POLICIES, Cells, bulk_fast_throughput
+from autosp.planner.search.fast_bulk import CHUNKED_POLICIES, POLICIES, Cells, bulk_fast_throughput, cell_overlap
 from autosp.planner.search.moves import complete
-from autosp.planner.search.space import build_space, chunk_overlap
+from autosp.planner.search.space import build_space
 
 SPACES = [  # small enough to enumerate; between them: tiling, sequence chunks, rings, two nodes, pins, a global batch
     dict(model="mistral-7b", ctx="8k", hw="h100x2"),
@@ -115,7 +115,7 @@ def test_the_properties_the_bounds_rest_on(spec):
         if seq != per["sequence_chunks"][0]:
             # a chunked cell's points: bounded by the fastest point of their family in the unchunked cell of each
             # structure that leads to it (head_pipeline gives way to kv_async with chunks)
-            for o in (o for o in per["overlap"] if chunk_overlap(o, seq) == overlap):
+            for o in (o for o in per["overlap"] if cell_overlap(sp, ring, seq, o) == overlap):
                 fastest = cells.priced[(sp, ring, ep, micro, per["sequence_chunks"][0], o)].family_stats[0]
                 for f in np.unique(cell.family):
                     assert f % POLICIES in CHUNKED_POLICIES
@@ -220,11 +220,12 @@ def test_the_micro_batch_climb_looks_past_one_step_that_loses(monkeypatch):
     where 8 (with activation offload) beats both by 4 %; a climb that stops at the first losing step misses it (0.96
     of exhaustive). (The case was Llama-3.1-8B at 19k on one H100 until the offloaded optimizer step was priced as
     DeepSpeed runs it; its climb no longer loses a step on the way.)"""
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
     from autosp.planner.search import fast_bulk
 
     def tps(search):
-        return make_plan("mistral-7b", "8k", "a100-80g", search=search, cache=False).estimate.tokens_per_second
+        plan = plan_for(PlanRequest(model="mistral-7b", ctx="8k", hw="a100-80g", search=search), cache=False)
+        return plan.estimate.tokens_per_second
 
     best = tps("exhaustive")
     assert tps("fast") == pytest.approx(best, rel=1e-12)
@@ -237,10 +238,11 @@ def test_a_micro_batch_the_scaling_bound_rules_out_does_not_end_the_climb():
     its micro-batch 1 (below the best found), but micro-batch 8 (ga 2) beats everything by 2 %. Only the ceiling
     part of the cap holds for larger micro-batches; a climb that stopped at the scaling bound missed it (0.9802 of
     exhaustive, the quick search's one miss on search_quality seed 43)."""
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
 
     def plan(search):
-        return make_plan("llama-3.1-70b", "10k", "b200x32", global_batch=256, search=search, cache=False)
+        request = PlanRequest(model="llama-3.1-70b", ctx="10k", hw="b200x32", global_batch=256, search=search)
+        return plan_for(request, cache=False)
 
     best, fast = plan("exhaustive"), plan("fast")
     assert fast.estimate.tokens_per_second == pytest.approx(best.estimate.tokens_per_second, rel=1e-12)

@@ -19,7 +19,7 @@ from autosp.errors import InfeasibleError, UsageError
 from autosp.planner.search import exhaustive
 from autosp.planner.search import fast
 from autosp.planner.search import optuna_search as search
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.pins import check_pins, knob_names, parse_pins
 from autosp.planner.request import PlanRequest, resolve
@@ -125,8 +125,8 @@ def test_exhaustive_keeps_every_pin_on_a_whole_space():
 def test_the_issue_cases_through_plan_for(fix, objective, strategy, light_family_sweep):
     """The requests of the issue through the planner's entry point (warm starts of the max-ctx search too)."""
     model, ctx = ("llama-3.1-8b", "1M") if fix.startswith("overlap") else ("llama-3.2-1b", "400k")
-    plan = make_plan(model, ctx if objective == "throughput" else None, "h100x8", objective=objective,
-                     search=strategy, trials=4, fix=[fix])
+    plan = plan_for(PlanRequest(model=model, ctx=ctx if objective == "throughput" else None, hw="h100x8",
+                                objective=objective, search=strategy, trials=4, fix=[fix]))
     knob, value = parse_pins([fix])[0]
     assert getattr(plan.candidate, knob) == value and plan.search["fixed"] == {knob: value}
 
@@ -135,7 +135,8 @@ def test_sweep_keeps_a_pin_and_agrees_with_the_single_plan():
     request = PlanRequest(model="llama-3.2-1b", ctx="400k", hw="h100x8", global_batch=8, search="fast",
                           fix=("grad_accum=4",))
     row = plan_one(request, None)
-    single = make_plan("llama-3.2-1b", "400k", "h100x8", global_batch=8, search="fast", fix=["grad_accum=4"])
+    single = plan_for(PlanRequest(model="llama-3.2-1b", ctx="400k", hw="h100x8", global_batch=8, search="fast",
+                                  fix=["grad_accum=4"]))
     assert row["status"] == "ok" and single.candidate.grad_accum == 4
     assert row["plan"] == single.candidate.short()
     bad = plan_one(PlanRequest(model="llama-3.1-8b", ctx="1M", hw="h100x8", search="fast",
@@ -151,7 +152,7 @@ def test_sweep_keeps_a_pin_and_agrees_with_the_single_plan():
 ])
 def test_pins_that_exclude_each_other_are_one_line(fix, needle):
     with pytest.raises(UsageError, match=needle) as err:
-        make_plan("llama-3.2-1b", "400k", "h100x8", global_batch=8, fix=fix)
+        plan_for(PlanRequest(model="llama-3.2-1b", ctx="400k", hw="h100x8", global_batch=8, fix=fix))
     assert "\n" not in str(err.value)
 
 

@@ -161,7 +161,10 @@ def test_zero3_tiles_the_loss_of_tied_models_too():
 
 
 def test_space_version_tracks_the_rules_source():
-    digest = hashlib.sha256(Path(space_mod.__file__).read_bytes()).hexdigest()[:10]
+    from autosp.contract import rules
+
+    sources = (Path(space_mod.__file__), Path(rules.__file__))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:10]
     assert SPACE_VERSION == f"{space_mod.SPACE_REVISION}-{digest}"
 
 

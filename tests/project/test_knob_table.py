@@ -4,6 +4,13 @@
 2. No module outside it spells out a hand list of knob names: a list / tuple / set literal or dict keys holding
    three or more knob names, a function with three or more knob-named parameters, or a class declaring three or
    more knob-named fields. The exceptions are listed in ALLOWED, each with why.
+3. The couplings between knobs are written once, in the rule table (autosp/contract/rules.py): no module outside
+   it tests a rule's knob together with a knob the rule reads in one condition (an ``if`` or ``while`` test, a
+   conditional expression, a comprehension's filter, an ``and`` / ``or``, a numpy mask's ``&`` / ``|``):
+   ``if cand.offload_param and cand.zero_stage != 3`` or ``keep &= ~(opt & (zero == 0))`` over
+   ``rows["offload_optimizer"]`` spells a rule again, and the copies drift (the space's canonical form once lacked
+   one). The readers ask the table instead (``rules.broken`` / ``settle`` / ``narrow``,
+   ``bulk_search.rule_mask``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from autosp.contract.knobs import BY_NAME, KNOBS, LEAN_FIRST, REPORT_ROWS, SEARCHED, SIMPLICITY
+from autosp.contract.rules import RULES
 from autosp.contract.specs import Candidate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +39,6 @@ ALLOWED = {
                                          "vector cost terms there or a space bulk_search.supported() refuses",
     ("autosp/contract/specs.py", "short"): "Candidate.short(): the compact one-line form, a tag per knob in the "
                                            "order the reports and logs print it",
-    ("planner/search/space.py", "build_space"): "the space's choices, each knob's computed by its own rule",
     **{("planner/search/fast_bulk.py", scope): "a cell of the bulk quick search: one shape group of the bulk cost "
                                                "model (its knobs that are not ROW_KNOBS) at one overlap schedule"
        for scope in ("get", "cap", "bounds", "_bound")},
@@ -146,16 +153,25 @@ def test_search_space_fields_are_the_searched_knobs():
     assert declared == set(SEARCHED) and SearchSpace.KNOBS == SEARCHED
 
 
-def test_no_hand_lists_of_knob_names():
+def scan(find, sources=SOURCES, allowed=ALLOWED, skip=()) -> tuple[list[str], set]:
+    """(offenders as ``path:line (scope): names``, the ``allowed`` keys used) of ``find(tree)`` -- (line, scope,
+    names) rows -- over every module of ``sources`` but those of ``skip``."""
     offenders, used = [], set()
-    for top in SOURCES:
+    for top in sources:
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            for line, scope, names in hand_lists(ast.parse(path.read_text(), filename=rel)):
-                if (rel, scope) in ALLOWED:
+            if rel in skip:
+                continue
+            for line, scope, names in find(ast.parse(path.read_text(), filename=rel)):
+                if (rel, scope) in allowed:
                     used.add((rel, scope))
                 else:
-                    offenders.append(f"{rel}:{line} ({scope}): {', '.join(names)}")
+                    offenders.append(f"{rel}:{line} ({scope}): {', '.join(map(str, names))}")
+    return offenders, used
+
+
+def test_no_hand_lists_of_knob_names():
+    offenders, used = scan(hand_lists)
     assert not offenders, ("hand lists of knob names; loop over autosp.contract.knobs.KNOBS instead (or add an "
                            "ALLOWED entry saying why):\n" + "\n".join(offenders))
     stale = [key for key in ALLOWED if key not in used and key[0] != "autosp/contract/knobs.py"]
@@ -178,3 +194,85 @@ def test_no_hand_lists_of_knob_names():
 ])
 def test_the_check_finds_hand_lists(source, count):
     assert len(hand_lists(ast.parse(source))) == count
+
+
+# --- 3. the rule table ---------------------------------------------------------------------------------------
+
+RULE_SOURCES = ("autosp", "planner", "compiler", "studies")
+"""The rule table's readers. Not cost_models: it prices the Candidate the table admitted, and its terms read knobs
+together for what they cost (activation offload under full recompute), which this check cannot tell from a rule."""
+
+ALIASES = {"ulysses": ("sp", "ring")}
+"""Properties that stand for knobs a rule reads (Candidate.ulysses is sp / ring)."""
+
+PAIRS = {(rule.knob, read) for rule in RULES for read in rule.reads}
+PAIRS |= {(knob, alias) for knob, read in PAIRS for alias, stands_for in ALIASES.items() if read in stands_for}
+RULE_NAMES = {name for pair in PAIRS for name in pair}
+
+
+def _named(node) -> set[str]:
+    """The knobs of the rule table ``node`` reads: attributes (``cand.zero_stage``) and string subscripts
+    (``rows["zero_stage"]``)."""
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and n.attr in RULE_NAMES:
+            out.add(n.attr)
+        elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value in RULE_NAMES:
+            out.add(n.slice.value)
+    return out
+
+
+def _conditions(node):
+    if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+        yield node.test
+    elif isinstance(node, ast.comprehension):
+        yield from node.ifs
+    elif isinstance(node, ast.BoolOp):
+        yield node
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+        yield node
+
+
+def couplings(tree: ast.Module):
+    """(line, enclosing scope, pairs) of every condition in ``tree`` testing a rule's knob beside a knob it reads."""
+    found, lines = [], set()
+
+    def visit(node, scope, bound):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope, bound = node.name, {}
+        for condition in _conditions(node):
+            named = _named(condition) | {bound[n.id] for n in ast.walk(condition)
+                                         if isinstance(n, ast.Name) and n.id in bound}
+            pairs = sorted(p for p in PAIRS if set(p) <= named)
+            if pairs and condition.lineno not in lines:  # once per line (an if's test and the `and` in it)
+                lines.add(condition.lineno)
+                found.append((condition.lineno, scope, pairs))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope, bound)
+            if isinstance(child, ast.Assign):  # the statements after it see the locals it binds to knobs
+                for target, value in zip(getattr(child.targets[0], "elts", child.targets),  # zero, opt = rows[...], ...
+                                         getattr(child.value, "elts", [child.value])):
+                    named = _named(value)
+                    if isinstance(target, ast.Name) and len(named) == 1:
+                        bound = dict(bound, **{target.id: next(iter(named))})
+
+    visit(tree, "<module>", {})
+    return found
+
+
+def test_no_module_outside_the_rule_table_spells_a_coupling():
+    offenders, _ = scan(couplings, RULE_SOURCES, allowed={}, skip=("autosp/contract/rules.py",))
+    assert not offenders, ("conditions that spell a rule of autosp/contract/rules.py again; read the table instead "
+                           "(rules.broken / settle / narrow, bulk_search.rule_mask):\n" + "\n".join(offenders))
+
+
+@pytest.mark.parametrize("source, count", [
+    ("if c.offload_activations and c.checkpointing == 'none': pass", 1),
+    ("x = k['offload_chunks'] and k['sequence_chunks'] > 1", 1),
+    ("def f(rows):\n    zero, opt = rows['zero_stage'], rows['offload_optimizer']\n    keep = ~(opt & (zero == 0))", 1),
+    ("y = 'none' if c.ulysses == 1 and c.overlap != 'none' else c.overlap", 1),
+    ("if c.offload_activations and c.offload_chunks: pass", 0),  # two knobs no rule couples
+    ("Candidate(sp=8, zero_stage=3, offload_param=True)", 0),  # a point of the space, not a condition
+])
+def test_the_check_finds_spelled_couplings(source, count):
+    assert len(couplings(ast.parse(source))) == count
