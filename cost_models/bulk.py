@@ -30,7 +30,8 @@ from autosp.cost_models.shapes import Shapes
 from autosp.contract.knobs import BY_NAME, KNOBS
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
 from autosp.cost_models.step_time import (TILE_OVERHEAD_S, ZERO_OVERLAP_FRACTION, _exposed_attention_comm,
-                                          _head_chunks, _zero_times, host_memory_bandwidth)
+                                          _head_chunks, _zero_times, host_memory_bandwidth, linear_all_to_all_seconds,
+                                          linear_core_seconds)
 
 FULL = CHECKPOINTING_POLICIES.index("full")
 NONE = CHECKPOINTING_POLICIES.index("none")
@@ -264,9 +265,8 @@ def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
 
     def layer_bytes(key):
         policy, tiled = CHECKPOINTING_POLICIES[key[0]], key[1]
-        attn, mlp_e = memory.layer_saved_elems(sh, policy, tiled)
         experts = 0.0 if chunked else s * moe.kept_bytes_per_token(ms, e, policy)  # router, permutation buffers
-        return s * ((attn + mlp_e) * e + memory.layer_extra_bytes(sh, policy, tiled)) + experts
+        return memory.layer_kept_bytes(sh, policy, tiled) + experts
 
     per_key = ckpt * 2 + r.mlp_tiled
     per_layer_table = {p * 2 + t: layer_bytes((p, bool(t))) for p in r.policies for t in (0, 1)}
@@ -287,13 +287,11 @@ def _activation_bytes(sh: Shapes, r: RowSet) -> _Activations:
         host = np.where(recomputed & off_chunks, host + (L * layer_set + chunk_kv_acc) - (L - 1) * layer_set, host)
     else:
         table = {}
-        for p in r.policies:  # memory.layer_transient_phases, the attention phase once per policy
+        for p in r.policies:  # memory.layer_transient_bytes per (policy, MLP tiles)
             policy = CHECKPOINTING_POLICIES[p]
-            attn_phase, attn_fixed = memory.layer_attention_phase(sh, policy)
-            attention = s * e * attn_phase + s * attn_fixed
             experts = moe.transient_bytes_per_token(ms, e, policy)
             for m in r.mlp_values:
-                table[p * 1024 + m] = max(memory.mlp_phase_bytes(sh, policy, m, experts), attention)
+                table[p * 1024 + m] = memory.layer_transient_bytes(sh, policy, m, experts)
         transient = _pick(ckpt * 1024 + mlp, table)
     # the layers' backward holds the layers' kept sets, not what is kept outside them (memory.outside_layers_bytes)
     return _Activations(per_layer=per_layer, saved_chunk=saved_chunk, kept=kept,
@@ -385,10 +383,15 @@ def _compute_times(model: ModelSpec, hw: HardwareSpec, sh: Shapes, base: Candida
                 pw_base, pw_re = flops.pointwise_bytes(sh, proxy)
                 re_table[recompute_key(p, m, l)] = (mm_re / mm_rate + att_re / att_rate * ring_factor * capped_fwd
                                                     + pw_re / mem_bw)
+                if sh.lin is not None:  # step_time._micro_compute's linear-attention cores
+                    re_table[recompute_key(p, m, l)] += linear_core_seconds(hw, sh, proxy.checkpointing)[2]
     t_pw = pw_base / mem_bw
     t_fwd = t_mm_fwd + t_att_fwd + t_pw / (1.0 + pw_bwd)
     t_bwd = (prof.matmul_bwd_factor * t_mm_fwd + prof.attn_bwd_factor * t_att_fwd * capped_bwd / capped_fwd
              + pw_bwd * t_pw / (1.0 + pw_bwd))
+    if sh.lin is not None:
+        lin_fwd, lin_bwd, _ = linear_core_seconds(hw, sh, "none")
+        t_fwd, t_bwd = t_fwd + lin_fwd, t_bwd + lin_bwd
     t_recompute = _pick(re_key, re_table)
     t_proportional = t_fwd + t_bwd + t_recompute  # what grows with the micro-batch (Bulk.ceiling)
     t_recompute = t_recompute + np.where(r.mlp_tiled, TILE_OVERHEAD_S * r.mlp * L * np.where(r.full, 3, 2), 0.0)
@@ -449,23 +452,26 @@ def _param_fetch_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSe
 
 def _attention_exposed(hw: HardwareSpec, sh: Shapes, base: Candidate, r: RowSet, c: _Compute) -> np.ndarray:
     """The exposed attention communication per micro-batch: Ulysses all-to-alls, then the ring's exchanges."""
-    L, prof = sh.L, sh.prof
+    L, La, prof = sh.L, sh.La, sh.prof
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_a2a = t_q + t_k + t_v + t_o
     passes = (2 + c.forwards) if sh.N > 1 else np.where(r.full, 3, 2)
     ring_passes = np.where(c.with_attention, 3, 2)
-    if per_a2a > 0:
+    if per_a2a > 0 and La:
         t_proj_q = 2.0 * sh.s * sh.qproj_params / c.mm_rate
         head_chunks = _head_chunks(sh)
-        att_layer_fwd = c.t_att_fwd / L
+        att_layer_fwd = c.t_att_fwd / La
         ex_fwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd,
                                              head_chunks) for o in range(len(OVERLAP_SCHEDULES))}
         ex_bwd = {o: _exposed_attention_comm(OVERLAP_SCHEDULES[o], t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
                                              prof.attn_bwd_factor * att_layer_fwd, head_chunks)
                   for o in range(len(OVERLAP_SCHEDULES))}
-        exposed = L * (_pick(r.overlap, ex_fwd) * (passes - 1) + _pick(r.overlap, ex_bwd))
+        exposed = La * (_pick(r.overlap, ex_fwd) * (passes - 1) + _pick(r.overlap, ex_bwd))
     else:
         exposed = np.zeros(r.n)
+    if sh.lin is not None:  # a hybrid's linear-attention all-to-alls, all exposed (step_time._attention_comm)
+        exposed = exposed + np.where(r.full, linear_all_to_all_seconds(hw, sh, "full"),
+                                     linear_all_to_all_seconds(hw, sh, "none"))
     ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, base, sh, c.t_att_fwd / L,
                                                                                prof.attn_bwd_factor)
     return exposed + L * (ring_fwd_exposed * (ring_passes - 1) + ring_bwd_exposed)

@@ -149,7 +149,7 @@ def attention_share(model: ModelSpec, workload: Workload, cand: Candidate,
     describes the workload (documents, their mean length, the window and the layers it covers)."""
     sh = Shapes(model, workload, cand, profile)
     work, _steps = ring.attention_steps(sh)
-    triangle = 3.0 * 2.0 * sh.S * sh.S * sh.attn_width * sh.L * sh.b * cand.grad_accum * cand.dp
+    triangle = 3.0 * 2.0 * sh.S * sh.S * sh.attn_width * sh.La * sh.b * cand.grad_accum * cand.dp  # softmax layers
     from autosp.cost_models.documents import doc_stats
 
     docs, mean = doc_stats(workload.doc_lens) if workload.doc_lens else (0, 0.0)

@@ -12,7 +12,7 @@ Conventions:
 
 from __future__ import annotations
 
-from autosp.cost_models import moe, ring
+from autosp.cost_models import linear_attention, moe, ring
 from autosp.cost_models.profile import FA_BACKWARD_FACTOR, POLICY_INDEX  # noqa: F401  (re-exported)
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate
@@ -33,7 +33,7 @@ def attention_flops_forward(sh: Shapes, padded: bool = True) -> float:
     rank does exactly 1/R of the causal work; cost_models/ring.py). Packed documents and sliding windows
     compute only their share of that triangle (:func:`ring.attention_steps`, cost_models/documents.py)."""
     S = sh.S_pad if padded else sh.S
-    triangle = 2.0 * S * S * sh.attn_width * sh.L * sh.b / sh.P
+    triangle = 2.0 * S * S * sh.attn_width * sh.La * sh.b / sh.P  # the softmax layers (a hybrid's: not its linear ones)
     if not sh.doc_lens and not (0 < sh.window < sh.S_pad and sh.windowed):
         return triangle
     return triangle * ring.attention_steps(sh)[0]
@@ -43,7 +43,18 @@ def model_flops(sh: Shapes) -> float:
     """Model FLOPs of one micro-batch on one GPU (MFU numerator): 6 x dense params x real tokens plus
     3 x causal attention forward, on the unpadded sequence, no recompute."""
     real_tokens = sh.S * sh.b / sh.P
-    return 6.0 * real_tokens * sh.dense_params + 3.0 * attention_flops_forward(sh, padded=False)
+    flops = 6.0 * real_tokens * sh.dense_params + 3.0 * attention_flops_forward(sh, padded=False)
+    if sh.lin is not None:  # a hybrid's linear-attention cores, forward + backward (2 x), on the real tokens
+        flops += 3.0 * linear_attention.core_flops_forward(sh.lin) * sh.S / sh.S_pad
+    return flops
+
+
+def linear_core_flops(sh: Shapes, cand: Candidate) -> tuple[float, float]:
+    """(forward, recomputed) FLOPs of a hybrid model's linear-attention cores in one micro-batch on one GPU
+    (cost_models/linear_attention.py; 0, 0 without). The op's backward re-runs its forward (its
+    ``BWD_FACTOR``, in step_time.py); a full checkpoint re-runs the layer, the op's forward with it."""
+    forward = linear_attention.core_flops_forward(sh.lin)
+    return forward, forward if cand.checkpointing == "full" else 0.0
 
 
 def layer_forwards_recomputed(sh: Shapes, cand: Candidate) -> tuple[int, bool]:
@@ -92,7 +103,13 @@ def _layer_pointwise_forward_elems(sh: Shapes) -> float:
     copies around the all-to-alls (q, k, v in, out back: read + write each)."""
     pw = sh.prof.pw_layer_fwd
     q, k = sh.q, sh.k_eff
-    return pw.other + pw.kv * sh.kv_copies + 2 * (2 * q + 2 * k)
+    elems = pw.other + pw.kv * sh.kv_copies + 2 * (2 * q + 2 * k)
+    if sh.lin is None:
+        return elems
+    # a hybrid: the mean over the layers, a linear one without attention's RoPE, gate and layout copies, with its own
+    linear = elems - linear_attention.attention_pointwise_elems(sh.lin, pw.kv * sh.kv_copies) \
+        + linear_attention.pointwise_elems(sh.lin)
+    return elems + sh.lin.share * (linear - elems)
 
 
 def pointwise_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
@@ -137,4 +154,4 @@ def optimizer_bytes(n_params: float, cand: Candidate) -> float:
 
 
 __all__ = ["OPTIMIZER_BYTES_PER_PARAM", "attention_flops_forward", "layer_forwards_recomputed",
-           "matmul_flops_forward", "model_flops", "optimizer_bytes", "pointwise_bytes", "recompute_flops"]
+           "linear_core_flops", "matmul_flops_forward", "model_flops", "optimizer_bytes", "pointwise_bytes", "recompute_flops"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from autosp.contract import deepspeed_buffers as ds
-from autosp.cost_models import chunks, moe, param_offload, profile, ring
+from autosp.cost_models import chunks, linear_attention, moe, param_offload, profile, ring
 from autosp.cost_models.profile import POLICY_INDEX
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate, HardwareSpec, MemoryBreakdown, ModelSpec
@@ -156,6 +156,38 @@ def layer_extra_bytes(sh: Shapes, policy: str, mlp_tiled: bool = False) -> float
     return extra
 
 
+def layer_kept_bytes(sh: Shapes, policy: str, mlp_tiled: bool) -> float:
+    """Bytes one decoder layer keeps for its backward on one GPU (:func:`layer_saved_elems` and
+    :func:`layer_extra_bytes` over the local tokens), averaged over the layers of a hybrid model: its linear-attention
+    layers keep their own attention side (:func:`linear_attention.kept_bytes`, the fp32 states included) beside the
+    same MLP side, so the layer count times this is the layers' total."""
+    attn, mlp = layer_saved_elems(sh, policy, mlp_tiled)
+    per_layer = sh.s * ((attn + mlp) * sh.e + layer_extra_bytes(sh, policy, mlp_tiled))
+    if sh.lin is None:
+        return per_layer
+    attention_side = sh.s * (attn * sh.e + sh.prof.kept_attn[POLICY_INDEX[policy]].fixed)
+    return per_layer + sh.lin.share * (linear_attention.kept_bytes(sh.lin, policy) - attention_side)
+
+
+def layer_transient_bytes(sh: Shapes, policy: str, mlp_chunks: int, experts: float = 0.0) -> float:
+    """Bytes one layer's backward holds on top of the kept sets: the larger of its MLP phase (:func:`mlp_phase_bytes`,
+    ``experts``: the experts op's fixed bytes per token) and its attention phase (:func:`layer_attention_phase`); of a
+    hybrid model, of its softmax- and its linear-attention layers' (the linear one's MLP phase with its own recomputed
+    tensors, its op's backward: :func:`linear_attention.mixer_phase_bytes`)."""
+    attn_phase, attn_fixed = layer_attention_phase(sh, policy)
+    mlp = mlp_phase_bytes(sh, policy, mlp_chunks, experts)
+    attention = sh.s * sh.e * attn_phase + sh.s * attn_fixed
+    if sh.lin is None:
+        return max(mlp, attention)
+    re = sh.prof.recompute_mlp_phase[POLICY_INDEX[policy]]
+    lin_re, lin_re_fixed = linear_attention.recompute_mlp_phase(sh.lin, policy)
+    lin_mlp = mlp + sh.s * (sh.e * (lin_re - re.other - re.kv * sh.kv_copies) + lin_re_fixed - re.fixed)
+    if policy == "full":  # the recomputed layer's op saved its states again
+        lin_mlp += linear_attention.state_bytes(sh.lin)
+    lin = max(lin_mlp, linear_attention.mixer_phase_bytes(sh.lin, policy))
+    return max(lin, mlp, attention) if sh.La else lin
+
+
 def layer_transient_phases(sh: Shapes, policy: str, mlp_chunks: int) -> tuple[float, float, float, float]:
     """(MLP-phase elements, MLP-phase fixed bytes, attention-phase elements, attention-phase fixed bytes)
     per local token alive on top of the kept set while one layer runs its backward.
@@ -254,8 +286,7 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
     if chunked and not recomputed:  # kept like attention: the chunked layer's own set (cost_models/chunks.py)
         per_layer = s * chunks.saved_bytes_per_token(sh)
     else:
-        attn, mlp = layer_saved_elems(sh, cand.checkpointing, tiled)
-        per_layer = s * ((attn + mlp) * e + layer_extra_bytes(sh, cand.checkpointing, tiled))
+        per_layer = layer_kept_bytes(sh, cand.checkpointing, tiled)
     if not recomputed:  # router, permutation buffers, the busiest EP rank's margin (cost_models/moe.py)
         per_layer += s * moe.kept_bytes_per_token(sh.moe, e, "none" if chunked else cand.checkpointing)
     final_norm = outside_layers_bytes(sh)
@@ -278,10 +309,8 @@ def activation_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float, float, 
             else:
                 transient += layer_set
     else:
-        attn_phase, attn_fixed = layer_attention_phase(sh, cand.checkpointing)
         experts = moe.transient_bytes_per_token(sh.moe, e, cand.checkpointing)
-        transient = max(mlp_phase_bytes(sh, cand.checkpointing, cand.mlp_chunks, experts),
-                        s * e * attn_phase + s * attn_fixed)
+        transient = layer_transient_bytes(sh, cand.checkpointing, cand.mlp_chunks, experts)
     return kept, transient, per_layer, host
 
 
@@ -325,8 +354,10 @@ def loss_phase_bytes(sh: Shapes, cand: Candidate) -> tuple[float, float]:
 
 def a2a_buffer_bytes(sh: Shapes) -> float:
     """All-to-all staging: send + receive copies of the largest q/k/v/out tensor of one chunk (the whole
-    local sequence unless sequence-chunked; 0 without a Ulysses dimension: no SP, or a pure ring)."""
-    return 2.0 * sh.c * max(sh.q, sh.k_eff) * sh.e if sh.U > 1 else 0.0
+    local sequence unless sequence-chunked; 0 without a Ulysses dimension: no SP, or a pure ring); of a hybrid model
+    the larger of that and a linear layer's (:func:`linear_attention.a2a_buffer_bytes`)."""
+    attention = 2.0 * sh.c * max(sh.q, sh.k_eff) * sh.e if sh.U > 1 else 0.0
+    return attention if sh.lin is None else max(attention, linear_attention.a2a_buffer_bytes(sh.lin))
 
 
 def comm_buffer_bytes(sh: Shapes, cand: Candidate) -> float:
@@ -419,7 +450,7 @@ def memory_breakdown(model: ModelSpec, hw: HardwareSpec, dtype: str, cand: Candi
 
 __all__ = ["CUDA_CONTEXT_BYTES", "FRAGMENTATION", "GIB", "HOST_USABLE_FRACTION", "LOSS_FP32_BYTES", "NCCL_BYTES",
            "a2a_buffer_bytes", "activation_bytes", "capacity_bytes", "comm_buffer_bytes", "expert_state_bytes", "host_bytes_available",
-           "layer_extra_bytes", "layer_saved_elems", "layer_attention_phase", "layer_mlp_phase", "layer_transient_elems",
+           "layer_extra_bytes", "layer_kept_bytes", "layer_saved_elems", "layer_transient_bytes", "layer_attention_phase", "layer_mlp_phase", "layer_transient_elems",
            "layer_transient_phases", "mlp_phase_bytes", "tiled_weight_grad_bytes",
            "loss_phase_bytes", "memory_breakdown", "model_states", "optimizer_host_bytes", "outside_layers_bytes",
            "reserve_bytes",

@@ -247,12 +247,15 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     mlp = (3 if model.gated_mlp else 2) * h * f + moe.mean_router_params(model)
     lse, rms = 4 * a, 8
     core = q + 2 * q   # q and the two layouts of the attention output (k, v are the kv part)
-    kept_attn = (Elems(4 * h + core, 2 * k, lse + rms), Elems(2 * h + core, 2 * k, lse),
+    # the output gate (Qwen3-Next / Qwen3.5): the q projection's gate half (a matmul output: kept by none and
+    # selective) and the gated product the output projection reads (none)
+    gate = (2 * q, q, 0, 0) if model.attn_output_gate else (0, 0, 0, 0)
+    kept_attn = (Elems(4 * h + core + gate[0], 2 * k, lse + rms), Elems(2 * h + core + gate[1], 2 * k, lse),
                  Elems(h + core, 2 * k, lse), Elems(h, 0, 0))
     kept_mlp = (Elems(4 * (f - routed)), Elems(2 * (f - routed)), Elems(), Elems())
     full_fixed = lse + rms   # full recompute rebuilds the layer's fp32 side tensors too
-    re_mlp = (Elems(), Elems(3 * h), Elems(3 * h), Elems(3 * h + 3 * q, 2 * k, full_fixed))
-    re_attn = (Elems(), Elems(h), Elems(h), Elems(h + 2 * q, 2 * k, full_fixed))
+    re_mlp = (Elems(), Elems(3 * h), Elems(3 * h), Elems(3 * h + 3 * q + gate[0], 2 * k, full_fixed))
+    re_attn = (Elems(), Elems(h), Elems(h), Elems(h + 2 * q + gate[0], 2 * k, full_fixed))
     # The MLP's backward as the compiled step runs it (docs/cost_model.md section 12): SiLU and the product are
     # fused and recomputed inside the backward kernel (Inductor; Liger-Kernel's SwiGLU, which ALST ran, does the
     # same), so the MLP holds the gate and up outputs and the down projection's input (3f) plus that input's
@@ -265,19 +268,33 @@ def analytic_profile(model: ModelSpec) -> ModelProfile:
     bias = (q + 2 * k) if model.qkv_bias else 0
     emb = V * h
     capped, cap_fwd, cap_bwd = softcap.logit_extra(model)  # Gemma 2's final-logit soft-capping
+    # The softmax-attention layer: its projections (the gate doubles the q projection) and small parameters.
+    # A hybrid model's linear-attention layers (cost_models/linear_attention.py) enter the per-layer matmul work and
+    # small parameters as the mean over the layers (the cost model multiplies them by the layer count); every other
+    # field here describes the softmax-attention layer, which memory.py and step_time.py mix with the linear one.
+    qproj = h * q * (2 if model.attn_output_gate else 1)
+    attn_matmul, small = qproj + h * q + 2 * h * k, 2 * h + bias + (2 * model.head_dim if model.attn_output_gate else 0)
+    if model.linear_layers:
+        n_lin = len(model.linear_layers)
+        lin_matmul = h * (2 * model.linear_num_key_heads * model.linear_key_head_dim  # q/k/v/z, b/a, out projections
+                          + 3 * model.linear_num_value_heads * model.linear_value_head_dim
+                          + 2 * model.linear_num_value_heads)
+        lin_small = model.linear_attention_params() - lin_matmul - 2 * h  # the conv, A_log, dt_bias, the norm
+        attn_matmul = (model.attention_layers * attn_matmul + n_lin * lin_matmul) / model.n_layers
+        small = (model.attention_layers * small + n_lin * (2 * h + lin_small)) / model.n_layers
     return ModelProfile(
         name=model.name, source="analytic", n_layers=model.n_layers, hidden=h, n_heads=a,
         n_kv_heads=model.n_kv_heads, head_dim=model.head_dim, vocab=V,
-        n_params=model.n_params(), layer_params=model.layer_params(), layer_small_params=2 * h + bias,
+        n_params=model.n_params(), layer_params=model.layer_params(), layer_small_params=small,
         other_small_params=h, largest_other_params=emb,
-        layer_matmul=2 * h * q + 2 * h * k + mlp, mlp_matmul=mlp, head_matmul=emb, qproj_matmul=h * q,
+        layer_matmul=attn_matmul + mlp, mlp_matmul=mlp, head_matmul=emb, qproj_matmul=qproj,
         attn_width=q,
         kept_attn=kept_attn, kept_mlp=kept_mlp, recompute_mlp_phase=re_mlp, recompute_attn_phase=re_attn,
         mlp_live=mlp_live, mlp_inner=Elems(3 * f), mlp_grads=Elems(f), mlp_phase_grads=Elems(2 * h),
-        attn_grads=Elems(4 * q + h, 2 * k), final=Elems(2 * h),
+        attn_grads=Elems(4 * q + h + (q if model.attn_output_gate else 0), 2 * k), final=Elems(2 * h),
         logits=Elems(V * (1 + capped)), loss_peak=Elems(V * (1 + capped), 0, LOSS_FP32_BYTES * V),
         loss_hidden_grad=Elems(h),
-        pw_layer_fwd=Elems(10 * h + 2 * q + 5 * f, 2 * k),
+        pw_layer_fwd=Elems(10 * h + 2 * q + 5 * f + (3 * q if model.attn_output_gate else 0), 2 * k),
         pw_recompute=(Elems(), Elems(4 * h + 4 * f), Elems(4 * h + 4 * f), Elems()),
         pw_mlp_recompute=Elems(3 * f),
         loss_pw_fwd=(LOSS_POINTWISE_FWD_BYTES + cap_fwd) * V, loss_pw_bwd=(LOSS_POINTWISE_BWD_BYTES + cap_bwd) * V,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from autosp.cost_models import linear_attention
 from autosp.cost_models.moe import layout as moe_layout
 from autosp.cost_models.profile import ModelProfile, analytic_profile
 from autosp.contract.specs import Candidate, ModelSpec, Workload
@@ -46,6 +47,9 @@ class Shapes:
       follow them (cost_models/documents.py); nothing per token does.
     - ``moe``: the model's :class:`~autosp.cost_models.moe.MoeShape` under the candidate's ``ep`` (None: dense);
       ``model``: the ModelSpec itself.
+    - ``lin``: the model's :class:`~autosp.cost_models.linear_attention.LinearShape` (None without linear-attention
+      layers); ``La``: the layers that run softmax attention (L without linear layers). Attention FLOPs and the
+      attention all-to-alls are per softmax layer; per-layer kept sets and matmul work are means over the layers.
     - ``prof``: the :class:`~autosp.cost_models.profile.ModelProfile` every per-token cost comes from
       (:func:`~autosp.cost_models.profile.analytic_profile` of ``model`` unless one is given); the
       widths, heads and parameter counts below are the profile's.
@@ -55,7 +59,7 @@ class Shapes:
                  "n_kv", "kv_copies", "local_heads", "layer_matmul_params", "mlp_params",
                  "lm_head_params", "head_matmul_params", "dense_params", "n_params", "layer_params", "prof",
                  "attn_width", "qproj_params", "N", "c", "doc_lens", "window", "windowed", "attention", "moe", "model",
-                 "fused_loss")
+                 "fused_loss", "lin", "La")
 
     def __init__(self, model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None):
         prof = analytic_profile(model) if profile is None else profile
@@ -107,6 +111,9 @@ class Shapes:
         self.model = model
         # mixture of experts: experts, top-k and the EP degree (None for a dense model; cost_models/moe.py)
         self.moe = moe_layout(model, cand)
+        # Gated DeltaNet layers (None without: cost_models/linear_attention.py); the FLA kernel a GPU plan runs
+        self.lin = linear_attention.layout(model, cand, self.s, self.S_pad, self.e, self.q, self.k_eff)
+        self.La = self.L - (self.lin.layers if self.lin is not None else 0)
 
 
 def shapes(model: ModelSpec, workload: Workload, cand: Candidate, profile: ModelProfile | None = None) -> Shapes:

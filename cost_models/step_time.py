@@ -9,8 +9,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from autosp.cost_models import (chunks as seq_chunks, comm, flops, moe, optimizer_offload, param_offload, ring,
-                                softcap)
+from autosp.cost_models import (chunks as seq_chunks, comm, flops, linear_attention, moe, optimizer_offload,
+                                param_offload, ring, softcap)
 from autosp.cost_models.shapes import Shapes
 from autosp.contract.specs import Candidate, HardwareSpec, TimeBreakdown
 
@@ -188,6 +188,9 @@ def _micro_compute(hw: HardwareSpec, cand: Candidate, sh: Shapes) -> _Micro:
              + pw_bwd * t_pw / (1.0 + pw_bwd))
     t_recompute = (mm_re / mm_rate + att_re / att_rate * ring_factor * capped_fwd
                    + (pw_re / mem_bw if mem_bw > 0 else 0.0))
+    if sh.lin is not None:  # a hybrid's linear-attention cores (cost_models/linear_attention.py)
+        lin_fwd, lin_bwd, lin_re = linear_core_seconds(hw, sh, cand.checkpointing)
+        t_fwd, t_bwd, t_recompute = t_fwd + lin_fwd, t_bwd + lin_bwd, t_recompute + lin_re
     if cand.mlp_chunks > 1:  # chunks run in the forward, again (with grad) in the backward, and in a full recompute
         t_recompute += TILE_OVERHEAD_S * cand.mlp_chunks * L * (3 if cand.checkpointing == "full" else 2)
     if cand.loss_chunks > 1:
@@ -195,6 +198,27 @@ def _micro_compute(hw: HardwareSpec, cand: Candidate, sh: Shapes) -> _Micro:
     if sh.N > 1:  # every chunk of every layer in the forward, each recompute and the backward
         t_recompute += TILE_OVERHEAD_S * sh.N * L * (2 + flops.layer_forwards_recomputed(sh, cand)[0])
     return _Micro(fwd=t_fwd, bwd=t_bwd, recompute=t_recompute, att_fwd=t_att_fwd, mm_rate=mm_rate)
+
+
+def linear_core_seconds(hw: HardwareSpec, sh: Shapes, policy: str) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds of a hybrid model's linear-attention cores in one micro-batch: their
+    chunked matmuls at the attention kernels' rate (Triton kernels of small matmuls, as flash attention's), the
+    backward re-running the forward (linear_attention.BWD_FACTOR), a full checkpoint the forward once more."""
+    rate = hw.accelerator.peak_flops * hw.attention_efficiency
+    forward = linear_attention.core_flops_forward(sh.lin) / rate
+    return forward, linear_attention.BWD_FACTOR * forward, forward if policy == "full" else 0.0
+
+
+def linear_all_to_all_seconds(hw: HardwareSpec, sh: Shapes, policy: str) -> float:
+    """Seconds of a hybrid model's linear-attention all-to-alls in one micro-batch (0 without, or with U = 1): per
+    layer the slots in and the output back in the forward, their gradients in the backward, the forward's again
+    under full checkpointing; all on the critical path (the op waits for its whole input; no overlap schedule
+    applies to these layers)."""
+    ls = sh.lin
+    if ls is None or ls.U <= 1:
+        return 0.0
+    one = sum(comm.all_to_all_time(hw, ls.U, sh.s * width * sh.e) for width in linear_attention.all_to_all_widths(ls))
+    return ls.layers * (3 if policy == "full" else 2) * one
 
 
 def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Micro) -> tuple[float, float]:
@@ -217,7 +241,7 @@ def _optimizer_times(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: fl
 def _attention_comm(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro) -> tuple[float, float, float, float]:
     """(attention communication, of which exposed, ring P2P, of which exposed) of one micro-batch: the Ulysses
     all-to-alls and the ring's P2P of every pass that runs attention."""
-    L = sh.L
+    L, La = sh.L, sh.La  # a hybrid model's linear layers have their own all-to-alls (linear_all_to_all_seconds)
     t_q, t_k, t_v, t_o = comm.ulysses_layer_times(hw, sh)
     per_pass = t_q + t_k + t_v + t_o
     # full recompute repeats the forward all-to-alls (sequence never recomputes a collective); a chunked layer
@@ -226,17 +250,21 @@ def _attention_comm(hw: HardwareSpec, cand: Candidate, sh: Shapes, c: _Micro) ->
     forwards, with_attention = flops.layer_forwards_recomputed(sh, cand)
     passes = 2 + forwards if sh.N > 1 else (3 if cand.checkpointing == "full" else 2)
     ring_passes = 3 if with_attention else 2
-    attention_comm_micro = L * passes * per_pass
-    if per_pass > 0:
+    attention_comm_micro = La * passes * per_pass
+    if per_pass > 0 and La:
         t_proj_q = 2.0 * sh.s * sh.qproj_params / c.mm_rate
         chunks = _head_chunks(sh)
-        att_layer_fwd = c.att_fwd / L
+        att_layer_fwd = c.att_fwd / La
         exposed_fwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, t_proj_q, att_layer_fwd, chunks)
         exposed_bwd = _exposed_attention_comm(cand.overlap, t_q, t_k, t_v, t_o, 2.0 * t_proj_q,
                                               sh.prof.attn_bwd_factor * att_layer_fwd, chunks)
-        exposed_attention_micro = L * (exposed_fwd * (passes - 1) + exposed_bwd)
+        exposed_attention_micro = La * (exposed_fwd * (passes - 1) + exposed_bwd)
     else:
         exposed_attention_micro = 0.0
+    if sh.lin is not None:
+        linear = linear_all_to_all_seconds(hw, sh, cand.checkpointing)
+        attention_comm_micro += linear
+        exposed_attention_micro += linear
 
     # ring P2P of one micro-batch: each forward pass (forward, full recompute) and the backward
     ring_fwd, ring_fwd_exposed, ring_bwd, ring_bwd_exposed = ring.layer_times(hw, cand, sh, c.att_fwd / L,
@@ -283,6 +311,7 @@ def _zero(hw: HardwareSpec, cand: Candidate, sh: Shapes, n_params: float, c: _Mi
     return zero_total, zero_exposed
 
 
-__all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "host_memory_bandwidth",
+__all__ = ["HEAD_PIPELINE_CHUNKS", "HOST_ADAM_BANDWIDTH_PER_NODE", "host_memory_bandwidth", "linear_all_to_all_seconds",
+           "linear_core_seconds",
            "TILE_OVERHEAD_S", "ZERO_OVERLAP_FRACTION", "share_stage_free_terms", "step_seconds_over_zero_stages",
            "step_time", "step_time_parts"]

@@ -11,8 +11,10 @@
   trace cannot see (norm kind, RoPE theta, max positions, sliding windows: the trace runs every layer as
   full causal attention, the cost model applies the window) come from the config itself.
 
-A mixture-of-experts config (routing is data-dependent) and a soft-capped Gemma 2 config are priced by the
-formulas directly (cost_models/moe.py, cost_models/softcap.py), without a trace; the plan's model source says so.
+A mixture-of-experts config (routing is data-dependent), a soft-capped Gemma 2 config and a Gated DeltaNet hybrid
+(Qwen3-Next, Qwen3.5: a trace would record transformers' torch fallback of the recurrence, which autosp replaces with
+its own op, compiler/linear_attention.py) are priced by the formulas directly (cost_models/moe.py, softcap.py,
+linear_attention.py), without a trace; the plan's model source says so.
 
 If tracing a config.json fails, :mod:`autosp.planner.profile_fallback` decides in one stderr line: a
 model autosp-train cannot train (transformers cannot build it, or its attention is not SDPA) is refused;
@@ -63,6 +65,8 @@ def _analytic_reason(spec: ModelSpec) -> str | None:
     outside SDPA in transformers. Both are what the formulas describe (cost_models/moe.py, softcap.py)."""
     if spec.n_experts:
         return "mixture of experts, not traced"
+    if spec.linear_layers:  # a trace would record transformers' torch fallback, not the op autosp runs
+        return "hybrid linear attention, priced as the compiler's Gated DeltaNet op runs, not traced"
     if spec.attn_logit_softcap or spec.final_logit_softcap:
         return "logit soft-capping, not traced"
     return None

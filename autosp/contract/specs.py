@@ -48,7 +48,13 @@ def from_dict(cls, data: dict):
 
 _LATER_FIELDS = {"sliding_window": 0, "sliding_layers": (), "n_experts": 0, "experts_per_token": 0,
                  "expert_ffn_hidden": 0, "shared_ffn_hidden": 0, "dense_layers": (), "attn_logit_softcap": 0.0,
-                 "final_logit_softcap": 0.0}
+                 "final_logit_softcap": 0.0, "attn_output_gate": False, "linear_layers": (), "linear_num_key_heads": 0,
+                 "linear_num_value_heads": 0, "linear_key_head_dim": 0, "linear_value_head_dim": 0,
+                 "linear_conv_kernel_dim": 0}
+
+LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel_dim")
+"""The Gated DeltaNet widths of a hybrid model's linear-attention layers (Hugging Face's config keys)."""
 
 
 def _mlp_matrices(model) -> int:
@@ -80,6 +86,32 @@ def check_spec(model) -> None:
         value = getattr(model, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"ModelSpec.{name} must be a non-negative number, got {value!r}")
+    check_linear(model)
+
+
+def check_linear(model) -> None:
+    """ValueError unless the linear-attention fields describe Gated DeltaNet layers (or are all unset)."""
+    layers = model.linear_layers
+    widths = [getattr(model, name) for name in LINEAR_FIELDS]
+    for name, value in zip(LINEAR_FIELDS, widths):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
+    if not layers:
+        if any(widths):
+            raise ValueError(f"ModelSpec.{', '.join(LINEAR_FIELDS)} describe linear-attention layers: they need "
+                             "linear_layers")
+        return
+    if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < model.n_layers for i in layers) \
+            or list(layers) != sorted(set(layers)):
+        raise ValueError(f"ModelSpec.linear_layers must be increasing layer indices in [0, {model.n_layers}), "
+                         f"got {list(layers)!r}")
+    if not all(widths):
+        raise ValueError(f"ModelSpec.linear_layers needs every one of {', '.join(LINEAR_FIELDS)} positive")
+    if model.linear_num_value_heads % model.linear_num_key_heads:
+        raise ValueError(f"linear_num_value_heads ({model.linear_num_value_heads}) must be a multiple of "
+                         f"linear_num_key_heads ({model.linear_num_key_heads})")
+    if set(layers) & set(model.sliding_layers):
+        raise ValueError("a layer is either a linear-attention layer or a sliding-window one, not both")
 
 
 def moe_mlp_params(model, active: bool = False) -> int:
@@ -109,6 +141,13 @@ class ModelSpec:
 
     Logit soft-capping (Gemma 2): ``attn_logit_softcap`` caps attention scores, ``final_logit_softcap`` the
     LM head's logits (cap x tanh(x / cap)); 0 = none.
+
+    Hybrid linear attention (Qwen3-Next, Qwen3.5; cost_models/linear_attention.py): the layers in ``linear_layers``
+    mix the sequence with a Gated DeltaNet instead of softmax attention: q and k of ``linear_num_key_heads`` x
+    ``linear_key_head_dim``, v and the output gate z of ``linear_num_value_heads`` x ``linear_value_head_dim``, a
+    depthwise causal conv1d of ``linear_conv_kernel_dim`` taps over q/k/v and a recurrent state of d_k x d_v per
+    value head. ``attn_output_gate``: the softmax-attention layers' q projection also yields a per-channel sigmoid
+    gate on the attention output (Qwen3-Next and Qwen3.5's gated attention: q_proj is hidden x 2 q_dim).
     """
 
     name: str
@@ -137,10 +176,19 @@ class ModelSpec:
     # Gemma 2 logit soft-capping (0 = none): cap * tanh(x / cap) on attention scores / final logits
     attn_logit_softcap: float = 0.0
     final_logit_softcap: float = 0.0
+    # hybrid linear attention (cost_models/linear_attention.py): Gated DeltaNet layers and their widths
+    attn_output_gate: bool = False
+    linear_layers: tuple = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))  # JSON gives a list
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        object.__setattr__(self, "linear_layers", tuple(self.linear_layers))
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -177,21 +225,45 @@ class ModelSpec:
         """How many layers have a mixture-of-experts MLP (0 for a dense model)."""
         return self.n_layers - len(self.dense_layers) if self.n_experts else 0
 
+    @property
+    def attention_layers(self) -> int:
+        """How many layers run softmax attention (all but the linear-attention ones)."""
+        return self.n_layers - len(self.linear_layers)
+
     def attention_params(self) -> int:
-        """Attention projections (and their biases) of one layer plus its two norms."""
+        """Attention projections (and their biases) of one softmax-attention layer plus its two norms; with
+        ``attn_output_gate`` the q projection's gate half and the q/k norms (Qwen3-Next / Qwen3.5)."""
         h = self.hidden
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         if self.qkv_bias:
             attn += self.q_dim + 2 * self.kv_dim
+        if self.attn_output_gate:
+            attn += h * self.q_dim + 2 * self.head_dim
         return attn + 2 * h
+
+    def linear_attention_params(self) -> int:
+        """Parameters of one Gated DeltaNet layer's mixer plus the layer's two norms (transformers' Qwen3-Next and
+        Qwen3.5 layers): the q/k/v/z and b/a input projections, the conv1d (no bias), A_log and dt_bias per value
+        head, the gated RMSNorm's weight and the output projection; 0 for a model without such layers."""
+        if not self.linear_layers:
+            return 0
+        h, nv = self.hidden, self.linear_num_value_heads
+        key = self.linear_num_key_heads * self.linear_key_head_dim
+        value = nv * self.linear_value_head_dim
+        conv = (2 * key + value) * self.linear_conv_kernel_dim
+        return h * (2 * key + 2 * value + 2 * nv) + value * h + conv + 2 * nv + self.linear_value_head_dim + 2 * h
+
+    def mlp_params(self, active: bool = False) -> int:
+        """The MLP of one layer: a mixture of experts' (every expert, the router and the shared experts; ``active``:
+        the routed experts one token uses) when the model has any, else the dense one."""
+        return moe_mlp_params(self, active) if self.n_experts else _mlp_matrices(self) * self.hidden * self.ffn_hidden
 
     def layer_params(self, active: bool = False) -> int:
         """Parameters of one decoder layer (attention, MLP and its two norms); of a mixture-of-experts layer
         (every expert, the router and the shared experts; ``active``: the routed experts one token uses) when
-        the model has any."""
-        mlp = moe_mlp_params(self, active) if self.n_experts else \
-            (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
-        return self.attention_params() + mlp
+        the model has any; of a hybrid model the larger of its softmax- and linear-attention layers (what ZeRO-3
+        gathers at once)."""
+        return max(self.attention_params(), self.linear_attention_params()) + self.mlp_params(active)
 
     def embedding_params(self) -> int:
         """Input embedding plus output head (counted once when tied) plus the final norm."""
@@ -201,10 +273,12 @@ class ModelSpec:
     def n_params(self, active: bool = False) -> int:
         """All the model's parameters; ``active``: those one token uses (a mixture of experts' routed experts
         it skips left out; the same count for a dense model)."""
+        mixers = (self.attention_layers * self.attention_params()
+                  + len(self.linear_layers) * self.linear_attention_params())
         if not self.n_experts:
-            return self.n_layers * self.layer_params() + self.embedding_params()
-        dense = self.attention_params() + (3 if self.gated_mlp else 2) * self.hidden * self.ffn_hidden
-        return (self.moe_layers * self.layer_params(active) + (self.n_layers - self.moe_layers) * dense
+            return mixers + self.n_layers * self.mlp_params() + self.embedding_params()
+        dense = _mlp_matrices(self) * self.hidden * self.ffn_hidden
+        return (mixers + self.moe_layers * self.mlp_params(active) + (self.n_layers - self.moe_layers) * dense
                 + self.embedding_params())
 
     def fingerprint(self) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from autosp.cost_models.architectures import check_config
 from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.experts import moe_fields
+from autosp.cost_models.catalog.linear import linear_fields
 from autosp.cost_models.catalog.windows import sliding_layout
 from autosp.contract.specs import ModelSpec
 from autosp.errors import UsageError
@@ -32,7 +33,9 @@ DATA_FILE = Path(__file__).with_name("models.toml")
 _SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "gated_mlp",
               "tied_embeddings", "qkv_bias", "norm", "max_position", "rope_theta", "source", "sliding_window",
               "sliding_layers", "n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
-              "dense_layers", "attn_logit_softcap", "final_logit_softcap")
+              "dense_layers", "attn_logit_softcap", "final_logit_softcap", "attn_output_gate", "linear_layers",
+              "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+              "linear_conv_kernel_dim")
 
 # Hugging Face model_type values whose MLP is gated (SwiGLU / GeGLU: gate, up and down projections).
 GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
@@ -58,6 +61,9 @@ def _spec_from_entry(name: str, entry: dict) -> ModelSpec:
     fields = {k: entry[k] for k in _SPEC_KEYS if k in entry}
     if fields.get("sliding_layers") == "all":  # the catalog's shorthand for a window on every layer
         fields["sliding_layers"] = tuple(range(entry["n_layers"]))
+    if "full_attention_interval" in entry:  # the catalog's shorthand for a hybrid's linear layers (catalog/linear.py)
+        interval = entry["full_attention_interval"]
+        fields["linear_layers"] = tuple(i for i in range(entry["n_layers"]) if (i + 1) % interval)
     return ModelSpec(name=name, **fields)
 
 
@@ -121,8 +127,10 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     ``tie_word_embeddings`` to the family's default (true for Gemma, see TIED_BY_DEFAULT); Qwen2 always has q/k/v biases, Llama-style configs say so in
     ``attention_bias``. Sliding-window layers follow transformers' rules (:mod:`~autosp.cost_models.catalog.windows`);
     mixture-of-experts keys (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2) :mod:`~autosp.cost_models.catalog.experts`;
-    Gemma 2's ``attn_logit_softcapping`` / ``final_logit_softcapping`` are kept. Architectures autosp does not
-    support are refused first, by name (:mod:`autosp.cost_models.architectures`).
+    Gemma 2's ``attn_logit_softcapping`` / ``final_logit_softcapping`` are kept; a Qwen3-Next / Qwen3.5 hybrid's
+    linear-attention layers :mod:`~autosp.cost_models.catalog.linear` (Qwen3.5's vision-language config: its
+    ``text_config``, the model ``AutoModelForCausalLM`` builds). Architectures autosp does not support are refused
+    first, by name (:mod:`autosp.cost_models.architectures`).
     """
     path = os.fspath(path)
     where = path
@@ -172,6 +180,10 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     except ValueError as err:
         raise UsageError(f"model config {where}: {err}") from None
     experts = moe_fields(config, n_layers, ffn, where)
+    try:
+        linear = linear_fields(config, n_layers)  # Gated DeltaNet layers of a hybrid (catalog/linear.py)
+    except ValueError as err:
+        raise UsageError(f"model config {where}: {err}") from None
     caps = {key: float(config.get(hf) or 0.0) for key, hf in (("attn_logit_softcap", "attn_logit_softcapping"),
                                                               ("final_logit_softcap", "final_logit_softcapping"))
             if isinstance(config.get(hf), (int, float)) and not isinstance(config.get(hf), bool)}
@@ -182,7 +194,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
             tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
             qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
             max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path),
-            sliding_window=window, sliding_layers=windowed, **experts, **caps)
+            sliding_window=window, sliding_layers=windowed, **experts, **caps, **linear)
     except ValueError as err:
         raise UsageError(f"invalid model config {where}: {err}") from None
 

@@ -44,6 +44,9 @@ Validity rules (docs/design.md section 2)
 - R divides sp; U divides the devices of a node or is a multiple of them (a Ulysses group never straddles
   a node boundary part-way);
 - ``head_pipeline`` needs at least two local query heads (heads / U) to pipeline;
+- a hybrid model's Gated DeltaNet layers (cost_models/linear_attention.py ``plan_reason``, the compiler's rule): no
+  ring (R = 1) and no sequence chunks, and U divides the linear value heads and divides or is divided by the
+  linear key heads;
 - the knob rules of :data:`autosp.contract.rules.RULES` but the search's own (a plan may offload its parameters
   without its optimizer; the search only proposes the pair);
 - a sequence that does not divide by sp (of lcm(sp, 2R) with a ring: 2R zigzag chunks over U ranks) is padded up
@@ -70,6 +73,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from autosp.contract import rules
+from autosp.cost_models import linear_attention
 from autosp.cost_models.shapes import padding_multiple
 from autosp.contract.knobs import BY_NAME, SEARCHED
 from autosp.contract.specs import CHECKPOINTING_POLICIES, OVERLAP_SCHEDULES, Candidate, HardwareSpec, ModelSpec, Workload
@@ -168,6 +172,9 @@ def layout_reason(model: ModelSpec, hw: HardwareSpec, sp: int, ring: int = 1,
     kv = model.n_kv_heads
     if u > 1 and kv % u and u % kv:
         return f"{kv} KV heads neither divide by {name} nor divide it"
+    reason = linear_attention.plan_reason(model, ring, 1, u)  # a hybrid's Gated DeltaNet layers: no ring, their heads
+    if reason:
+        return reason
     per_node = hw.devices_per_node
     if u > per_node and u % per_node or u < per_node and per_node % u:
         return f"a Ulysses group of {u} would straddle a node of {per_node} GPUs part-way"
@@ -249,6 +256,9 @@ def invalid_reason(model: ModelSpec, hw: HardwareSpec, workload: Workload, cand:
     if not sequence_chunks_ok(cand.sequence_chunks, tokens):
         return (f"sequence_chunks={cand.sequence_chunks} would cut the {tokens} tokens per rank into chunks smaller "
                 f"than {MIN_SEQUENCE_CHUNK_TOKENS}")
+    reason = linear_attention.plan_reason(model, 1, cand.sequence_chunks, cand.ulysses)
+    if reason:
+        return reason
     gb = workload.global_batch
     if gb is None:
         if cand.grad_accum != 1:
@@ -520,6 +530,8 @@ def build_space(model: ModelSpec, hw: HardwareSpec, workload: Workload, allow_cr
     mlp = tuple(c for c in MLP_CHUNKS if tile_ok(c, most)) or (1,)
     loss = tuple(c for c in LOSS_CHUNKS if tile_ok(c, most)) or (1,)
     seq = tuple(c for c in SEQUENCE_CHUNKS if sequence_chunks_ok(c, most)) or (1,)
+    if model.linear_layers:  # a hybrid's linear layers carry their state across chunks: none (linear_attention.py)
+        seq = (1,)
     if workload.global_batch is not None:
         # Only micro-batches that can divide some replica's share of the global batch.
         mb = tuple(m for m in mb if any(workload.global_batch % (hw.world_size // sp * m) == 0 for sp in valid))

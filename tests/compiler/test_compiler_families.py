@@ -230,7 +230,7 @@ class _Configured(torch.nn.Module):
 
 
 @pytest.mark.parametrize("config, words", [
-    (dict(model_type="qwen3_next"), "hybrid linear-attention"),
+    (dict(model_type="jamba"), "hybrid model with linear-attention or state-space layers"),
     (dict(model_type="t5"), "encoder-decoder"),
     (dict(model_type="gemma3"), "vision-language"),
     (dict(model_type="my_vlm", vision_config={}), "vision-language"),

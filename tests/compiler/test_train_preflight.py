@@ -118,8 +118,7 @@ def test_a_plan_names_the_config_it_was_made_from_also_when_traced(tmp_path):
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
-      "layer_types": ["linear_attention", "full_attention"]}, "Qwen3NextForCausalLM is a hybrid linear-attention"),
+    ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "JambaForCausalLM is a hybrid model with"),
     ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True},
      "T5ForConditionalGeneration is an encoder-decoder"),
     ({"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {}},

@@ -204,8 +204,8 @@ def test_olmoe_and_deepseek_style_configs(tmp_path):
 
 
 @pytest.mark.parametrize("config, named", [
-    ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"]}, "hybrid linear-attention"),
-    ({"model_type": "qwen3_5_moe", "layer_types": ["linear_attention", "full_attention"]}, "hybrid linear-attention"),
+    ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "hybrid model with linear-attention"),
+    ({"model_type": "custom", "layer_types": ["mamba", "full_attention"]}, "hybrid model with linear-attention"),
     ({"model_type": "t5", "is_encoder_decoder": True, "architectures": ["T5ForConditionalGeneration"]},
      "encoder-decoder"),
     ({"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "vision_config": {},
@@ -245,6 +245,7 @@ def test_gemma3_config_windows_and_the_multimodal_wrapper(tmp_path):
     assert (spec.sliding_window, spec.sliding_layers) == (preset.sliding_window, preset.sliding_layers)
     assert spec.n_params() == preset.n_params() and spec.tied_embeddings
     # the multimodal wrapper itself is a vision-language model: refused by name, with the way to plan its text part
-    with pytest.raises(UsageError, match="vision-language model: autosp trains its text decoder only"):
+    with pytest.raises(UsageError, match="vision-language model: autosp trains text decoders without a vision tower; "
+                                         "plan its text_config"):
         resolve_model(_write(tmp_path, {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
                                         "text_config": text, "vision_config": {"hidden_size": 1152}}))

@@ -61,9 +61,9 @@ def test_tied_model_tiles_its_loss_at_zero3_at_1m():
 
 
 def test_refusals_are_one_line_exit_2_before_anything_is_built(tmp_path):
-    cases = {"next.json": ({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
-                            "layer_types": ["linear_attention", "linear_attention", "linear_attention",
-                                            "full_attention"]}, "hybrid linear-attention"),
+    cases = {"jamba.json": ({"model_type": "jamba", "architectures": ["JambaForCausalLM"],
+                             "layer_types": ["mamba", "mamba", "mamba", "full_attention"]},
+                            "hybrid model with linear-attention or state-space layers"),
              "t5.json": ({"model_type": "t5", "is_encoder_decoder": True}, "encoder-decoder"),
              "vl.json": ({"model_type": "qwen2_5_vl", "vision_config": {"depth": 32}}, "vision-language")}
     code = ["import sys, json", "from autosp.cli import plan_main", "rcs = []"]

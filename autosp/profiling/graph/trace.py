@@ -495,6 +495,23 @@ def _param_counts(model: torch.nn.Module, layer_prefix: str) -> dict:
             "shapes": shapes, "layer_prefix": layer_prefix}
 
 
+RECURRENT_LAYER_SUFFIXES = ("GatedDeltaNet", "Mamba", "MambaMixer", "Mamba2Mixer", "ShortConv", "LinearAttention")
+"""Class-name endings of the sequence mixers a graph profile does not describe: linear-attention and state-space
+layers, whose recurrence transformers runs as a Python loop (its torch fallback) that autosp replaces with its own op
+(compiler/linear_attention.py) and whose costs a trace of one layer cannot attribute to 'attention'."""
+
+
+def refuse_linear_attention(model: torch.nn.Module) -> None:
+    """ValueError naming the first linear-attention / state-space module of ``model`` (the graph profile classifies
+    a layer's sequence mixer as softmax attention only): a Qwen3-Next / Qwen3.5 hybrid is priced from its config.json
+    by the formulas of cost_models/linear_attention.py instead."""
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith(RECURRENT_LAYER_SUFFIXES):
+            raise ValueError(f"{name} ({type(module).__name__}) is a linear-attention / state-space layer, which a "
+                             "graph profile does not describe; plan the model's config.json instead (a Qwen3-Next or "
+                             "Qwen3.5 hybrid is priced from it as the compiler runs its Gated DeltaNet layers)")
+
+
 def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: int | None = None) -> StepTrace:
     """Build the model with ``n_layers`` layers under FakeTensorMode and record one forward + backward
     at ``seq_len`` tokens. The model output (and its logits) stays referenced through the backward, as
@@ -503,6 +520,7 @@ def trace_step(build, n_layers: int, seq_len: int, batch: int = 1, vocab_hint: i
     with FakeTensorMode(allow_non_fake_inputs=False) as fake:
         model = build(n_layers)
         model.train()
+        refuse_linear_attention(model)
         stack = decoder_stack(model)
         layer_prefix = stack[0] if stack else ""
         trace.params = _param_counts(model, layer_prefix)
