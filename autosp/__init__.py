@@ -17,19 +17,22 @@ __all__ = ["__version__", "AutospError", "InfeasibleError", "OptimizerOptions", 
 
 def plan(model, ctx=None, hw=None, **options):
     """Search the best plan. ``plan(PlanRequest(...), cache=...)``, or the keyword form ``plan(model, ctx, hw,
-    objective=..., ...)`` whose arguments are the request's fields (see ``autosp-plan --help``). Returns a
-    Plan. Like ``autosp-plan``, it answers a request asked before from the plan cache (``$AUTOSP_CACHE``, else
-    the default file); ``cache=False`` searches afresh, ``cache=PATH_OR_URL`` picks another cache."""
-    from autosp.planner.api import make_plan, plan_for
+    objective=..., ...)`` whose arguments are the request's fields (see ``autosp-plan --help``) and the run
+    options of :class:`autosp.planner.api.RunOptions`. Returns a Plan. Like ``autosp-plan``, it answers a request
+    asked before from the plan cache (``$AUTOSP_CACHE``, else the default file); ``cache=False`` searches afresh,
+    ``cache=PATH_OR_URL`` picks another cache."""
+    from dataclasses import fields
+
+    from autosp.planner.api import RunOptions, plan_for
     from autosp.planner.request import PlanRequest
 
     options.setdefault("cache", True)
-
+    run = {f.name: options.pop(f.name) for f in fields(RunOptions) if f.name in options}
     if isinstance(model, PlanRequest):
-        if ctx is not None or hw is not None:
-            raise UsageError("give a PlanRequest or model, ctx and hw, not both")
-        return plan_for(model, **options)
-    return make_plan(model, ctx, hw, **options)
+        if ctx is not None or hw is not None or options:
+            raise UsageError("give a PlanRequest (and run options such as cache=), or model, ctx and hw, not both")
+        return plan_for(model, **run)
+    return plan_for(PlanRequest(model=model, ctx=ctx, hw=hw, **options), **run)
 
 
 def __getattr__(name):  # PlanRequest without importing the planner at ``import autosp``

@@ -1,4 +1,4 @@
-"""``plan_for``: the planner's one entry point (``autosp.plan``, ``autosp-plan`` and ``make_plan`` all call it).
+"""``plan_for``: the planner's one entry point (``autosp.plan`` and ``autosp-plan`` call it).
 
 One request in, one :class:`Plan` out, in five steps: resolve the model and cluster and build the search space;
 look the request up in the plan cache; run the search strategy (:mod:`autosp.planner.search.strategies`);
@@ -60,23 +60,6 @@ class RunOptions:
 
     def cached(self) -> bool:
         return self.cache is not None and self.cache is not False and self.storage is None and self.measure is None
-
-
-def make_plan(model, ctx, hw, *, nodes=None, objective: str = "throughput", global_batch=None, dtype: str = "bf16",
-              search: str = "optuna", trials=None, seed: int = 0, cache=None, allow_cross_node_sp: bool = True,
-              top_k: int = 3, storage: str | None = None, study_name: str | None = None, worker: str | None = None,
-              measure=None, time_budget=None, fix=(), doc_lens=None, mean_doc_len=None,
-              attention_kernel=None, compile_backend: str = "inductor") -> Plan:
-    """Search the best plan for training ``model`` at context ``ctx`` on cluster ``hw``: the keyword form of
-    :func:`plan_for` (the arguments are the fields of :class:`~autosp.planner.request.PlanRequest`, whose
-    docs say what each takes, and the run options of :func:`plan_for`)."""
-    request = PlanRequest(model=model, ctx=ctx, hw=hw, nodes=nodes, objective=objective, global_batch=global_batch,
-                          dtype=dtype, allow_cross_node_sp=allow_cross_node_sp, search=search, trials=trials,
-                          seed=seed, time_budget=time_budget, top_k=top_k, fix=fix, doc_lens=doc_lens,
-                          mean_doc_len=mean_doc_len, attention_kernel=attention_kernel,
-                          compile_backend=compile_backend)
-    return plan_for(request, RunOptions(cache=cache, storage=storage, study_name=study_name, worker=worker,
-                                        measure=measure))
 
 
 def plan_for(request: PlanRequest, options: RunOptions | None = None, **option_fields) -> Plan:
@@ -277,4 +260,4 @@ def _padding(seq_len: int, sp: int, ring: int = 1) -> tuple[int, float]:
     return padding(seq_len, sp, ring)
 
 
-__all__ = ["RunOptions", "make_plan", "plan_for"]
+__all__ = ["RunOptions", "plan_for"]

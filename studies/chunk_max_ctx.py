@@ -22,7 +22,8 @@ from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.cost_models.estimate import estimate, max_seq_len
 from autosp.contract.specs import CHECKPOINTING_POLICIES, Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.search.space import LOSS_CHUNKS, MLP_CHUNKS
 from autosp.units import format_seconds, format_tokens
 
@@ -73,7 +74,7 @@ def rows() -> list[str]:
     for model_name, hw_name, alst, target in CASES:
         model, hw = resolve_model(model_name), resolve_hardware(hw_name)
         started = time.perf_counter()
-        plan = make_plan(model_name, None, hw_name, objective="max-ctx")
+        plan = plan_for(PlanRequest(model=model_name, hw=hw_name, objective="max-ctx"))
         seconds = time.perf_counter() - started
         ctx, cand, est = plan.workload.seq_len, plan.candidate, plan.estimate
         per_node = est.host_bytes * min(hw.devices_per_node, cand.world_size)

@@ -34,13 +34,15 @@ REQUESTS = [(model, ctx, objective, (), None) for model in ("qwen3-30b-a3b", "mi
 def run(search: str) -> list[dict]:
     from autosp.cost_models import moe
     from autosp.errors import AutospError
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
     rows = []
     for model, ctx, objective, fix, nodes in REQUESTS:
         start = time.time()
         try:
-            plan = make_plan(model, ctx, "h100x8", nodes=nodes, objective=objective, search=search, fix=fix)
+            plan = plan_for(PlanRequest(model=model, ctx=ctx, hw="h100x8", nodes=nodes, objective=objective,
+                                        search=search, fix=fix))
         except AutospError as err:  # e.g. nothing fits: the row says why
             rows.append({"model": model, "ctx": ctx, "objective": objective, "fix": dict(fix), "nodes": nodes or 1,
                          "error": str(err)})

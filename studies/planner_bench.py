@@ -30,7 +30,8 @@ from pathlib import Path
 
 from autosp.contract.specs import Candidate, from_dict
 from autosp.errors import InfeasibleError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.units import format_gib, format_tokens
 
 CASES = [  # (model, ctx, hardware, global batch)
@@ -69,7 +70,7 @@ def search_rows(lines: list[str]) -> None:
             cached, again = timed_cli(args, cache)
         assert plan["search"]["cache"] == "miss" and again["search"]["cache"] == "hit"
         started = time.perf_counter()
-        full = make_plan(model, ctx, hw, global_batch=gb, search="exhaustive")
+        full = plan_for(PlanRequest(model=model, ctx=ctx, hw=hw, global_batch=gb, search="exhaustive"))
         full_s = time.perf_counter() - started
         tps, best = plan["estimate"]["tokens_per_second"], full.estimate.tokens_per_second
         short = from_dict(Candidate, plan["candidate"]).short()
@@ -113,14 +114,15 @@ def max_ctx_rows(lines: list[str]) -> None:
         hw = resolve_hardware(hw_name)
         started = time.perf_counter()
         try:
-            plan = make_plan(model, None, hw, objective="max-ctx")
+            plan = plan_for(PlanRequest(model=model, hw=hw, objective="max-ctx"))
         except InfeasibleError as err:
             lines += [f"Llama-3.1-8B on {hw.world_size} x H100 ({hw_name}): {err}", ""]
             print("\n".join(lines[-2:]), flush=True)
             continue
         seconds = time.perf_counter() - started
         ctx, cand, mem = plan.workload.seq_len, plan.candidate, plan.estimate.memory
-        exhaustive = make_plan(model, None, hw, objective="max-ctx", search="exhaustive").workload.seq_len
+        exhaustive = plan_for(PlanRequest(model=model, hw=hw, objective="max-ctx",
+                                          search="exhaustive")).workload.seq_len
         lines += [
             f"Llama-3.1-8B on {hw.world_size} x H100 ({hw_name}):",
             f"  autosp predicted max context : {format_tokens(ctx)} ({ctx:,})   [optuna {seconds:.1f} s; "

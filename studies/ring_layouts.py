@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from autosp.contract.specs import Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, ranked_at
 from autosp.planner.search.exhaustive import memory_lean_first
 from autosp.cost_models.catalog.hardware import resolve_hardware
@@ -80,7 +81,7 @@ def main() -> int:
     out("Predicted by the cost model (not measured): Llama-3.1-8B, SP layouts on H100 clusters, bf16.")
     for hw_name in CLUSTERS:
         hw = resolve_hardware(hw_name)
-        plan = make_plan(MODEL, None, hw_name, objective="max-ctx")
+        plan = plan_for(PlanRequest(model=MODEL, hw=hw_name, objective="max-ctx"))
         c, e = plan.candidate, plan.estimate
         out()
         out(f"== {hw_name}: autosp-plan --model {MODEL} --objective max-ctx --hw {hw_name}")

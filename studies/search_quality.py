@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from autosp.errors import InfeasibleError, UsageError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "mistral-7b",
@@ -59,7 +60,7 @@ def one(request: dict) -> dict:
     row = {"request": request}
     try:
         started = time.perf_counter()
-        default = make_plan(**request, trials=TRIALS, search=SEARCH)
+        default = plan_for(PlanRequest(**request, trials=TRIALS, search=SEARCH))
         row["default_s"] = time.perf_counter() - started
         started = time.perf_counter()
         best = scalar_exhaustive(request) if SCALAR_REFERENCE else bulk_exhaustive(request)
@@ -95,7 +96,7 @@ on a loaded machine); by default the bulk model prices it, which equals the scal
 
 
 def _space_of(request: dict):
-    from autosp.planner.request import PlanRequest, resolve
+    from autosp.planner.request import resolve
     from autosp.planner.search.space import build_space
 
     req = PlanRequest(**request)

@@ -113,19 +113,21 @@ def _tokens(values, dtype: str):
 
 @fixture("plan.json", "a valid plan: llama-3.2-1b at 8k tokens on h100x8 (sp x dp = 8 processes)")
 def _plan(path: Path, directory: Path) -> None:
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
     from autosp.planner.ds_config import write_outputs
 
-    plan = make_plan("llama-3.2-1b", "8k", "h100x8", trials=20, cache=None)
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="8k", hw="h100x8", trials=20), cache=None)
     write_outputs(plan, str(path), str(directory / "ds.json"))
 
 
 @fixture("off.json", "a plan that offloads activations: llama-3.1-8b at 1M tokens on h100x8")
 def _offload_plan(path: Path, directory: Path) -> None:
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
     from autosp.contract.plan import save_plan
 
-    plan = make_plan("llama", "1M", "h100x8", trials=20, cache=None)
+    plan = plan_for(PlanRequest(model="llama", ctx="1M", hw="h100x8", trials=20), cache=None)
     assert plan.candidate.offload_activations, "the offloading fixture needs a plan that offloads"
     save_plan(plan, str(path))
 

@@ -140,9 +140,10 @@ def test_without_backend_a_run_compiles_as_its_plan_was_priced(tmp_path):
     import dataclasses
 
     from autosp.compiler.train_cli import build_parser, default_backend
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    plan = make_plan("llama-3.2-1b", "4k", "h100", search="exhaustive", cache=False)
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="4k", hw="h100", search="exhaustive"), cache=False)
     assert plan.workload.compile_backend == "inductor" and default_backend(plan) == "inductor"
     for priced, runs in (("aot_eager", "aot_eager"), ("eager", "aot_eager")):
         other = dataclasses.replace(plan, workload=dataclasses.replace(plan.workload, compile_backend=priced))

@@ -103,11 +103,11 @@ def test_bulk_exhaustive_search_gives_the_scalar_exhaustive_plan_and_runner_ups(
 
 
 def test_the_default_search_scores_a_space_whole_in_bulk_unless_asked_for_trials():
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
 
-    plan = make_plan("llama-3.2-1b", "32k", "a100-80gx8")
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="32k", hw="a100-80gx8"))
     assert plan.search["strategy"] == "exhaustive" and "bulk" in plan.search["sampler"]
     assert plan.search["evaluations"] == plan.search["space_size"]
-    sampled = make_plan("llama-3.2-1b", "32k", "a100-80gx8", trials=20)
+    sampled = plan_for(PlanRequest(model="llama-3.2-1b", ctx="32k", hw="a100-80gx8", trials=20))
     assert sampled.search["strategy"] == "optuna"
     assert sampled.estimate.tokens_per_second <= plan.estimate.tokens_per_second * (1 + 1e-12)

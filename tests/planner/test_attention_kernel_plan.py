@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autosp.errors import UsageError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
 from autosp.planner.request import PlanRequest, resolve
 
 SCRIPT = Path(sys.executable).with_name("autosp-plan")
@@ -32,9 +32,9 @@ def test_the_kernel_is_in_the_cache_key_and_in_the_price():
     a = resolve(PlanRequest(model="mistral-7b", ctx="8k", hw="h100x2"))
     b = resolve(PlanRequest(model="mistral-7b", ctx="8k", hw="h100x2", attention_kernel="flash3"))
     assert a.key_material(60, "v") != b.key_material(60, "v")
-    fast = make_plan("llama-3.1-8b", "256k", "h100x8", attention_kernel="flash3")
-    slow = make_plan("llama-3.1-8b", "256k", "h100x8", attention_kernel="flash2")
+    fast = plan_for(PlanRequest(model="llama-3.1-8b", ctx="256k", hw="h100x8", attention_kernel="flash3"))
+    slow = plan_for(PlanRequest(model="llama-3.1-8b", ctx="256k", hw="h100x8", attention_kernel="flash2"))
     assert fast.estimate.tokens_per_second > slow.estimate.tokens_per_second
-    assert make_plan("llama-3.1-8b", "32k", "a100-80gx8").hardware.attention_kernel == "flash2"
+    assert plan_for(PlanRequest(model="llama-3.1-8b", ctx="32k", hw="a100-80gx8")).hardware.attention_kernel == "flash2"
     with pytest.raises(UsageError, match="--attention-kernel"):
         PlanRequest(model="llama", ctx="8k", hw="h100", attention_kernel="fa9")

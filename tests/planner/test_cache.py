@@ -170,23 +170,28 @@ def test_two_processes_writing_at_once(tmp_path):
     assert not _corrupt_files(tmp_path)
 
 
-def test_make_plan_uses_the_cache(tmp_path):
-    from autosp.planner.api import make_plan
+def test_plan_for_uses_the_cache(tmp_path):
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
     path = tmp_path / "plans.sqlite"
-    args = dict(trials=20, seed=0, cache=str(path))
-    first = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+
+    def planned(ctx="8k", **changes):
+        request = PlanRequest(model="llama-3.2-1b", ctx=ctx, hw="h100x2", **dict(dict(trials=20, seed=0), **changes))
+        return plan_for(request, cache=str(path))
+
+    first = planned()
     assert first.search["cache"] == "miss"
-    second = make_plan("llama-3.2-1b", "8000", "h100x2", **args)
+    second = planned("8000")
     assert second.search["cache"] == "hit"
     assert second.candidate == first.candidate and second.estimate == first.estimate
     assert second.runner_ups == first.runner_ups and second.created_at == first.created_at
     # anything that changes the answer is a miss
-    for changed in (dict(args, seed=1), dict(args, trials=21)):
-        assert make_plan("llama-3.2-1b", "8k", "h100x2", **changed).search["cache"] == "miss"
-    assert make_plan("llama-3.2-1b", "9k", "h100x2", **args).search["cache"] == "miss"
-    assert make_plan("llama-3.2-1b", "8k", "h100x2", global_batch=4, **args).search["cache"] == "miss"
-    assert make_plan("llama-3.2-1b", "8k", "h100x2", dtype="fp32", **args).search["cache"] == "miss"
+    for changed in (dict(seed=1), dict(trials=21)):
+        assert planned(**changed).search["cache"] == "miss"
+    assert planned("9k").search["cache"] == "miss"
+    assert planned(global_batch=4).search["cache"] == "miss"
+    assert planned(dtype="fp32").search["cache"] == "miss"
     # an unreadable row is dropped and recomputed, never returned
     store = SQLitePlanStore(path)
     keys = [row[0] for row in store._conn.execute("SELECT key FROM plans")]
@@ -194,9 +199,9 @@ def test_make_plan_uses_the_cache(tmp_path):
         store.put(key, '{"schema_version": 1, "model": {}}', {})
     store.close()
     cache_mod._warned.clear()
-    again = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+    again = planned()
     assert again.search["cache"] == "miss" and again.candidate == first.candidate
-    assert make_plan("llama-3.2-1b", "8k", "h100x2", **args).search["cache"] == "hit"
+    assert planned().search["cache"] == "hit"
     # a row that parses but answers another request (another model) is a miss too, never returned
     import json
     from dataclasses import replace
@@ -204,10 +209,10 @@ def test_make_plan_uses_the_cache(tmp_path):
     store = SQLitePlanStore(path)
     key = store._conn.execute("SELECT key FROM plans WHERE seq_len = 8000 AND plan LIKE '%\"seed\": 0%' "
                               "AND plan NOT LIKE '%\"global_batch\": 4%'").fetchall()
-    other = make_plan("llama-3.2-3b", "8k", "h100x2", trials=20, seed=0, cache=None)
+    other = plan_for(PlanRequest(model="llama-3.2-3b", ctx="8k", hw="h100x2", trials=20, seed=0), cache=None)
     for (k,) in key:
         store.put(k, other.to_json(), {})
     store.close()
     cache_mod._warned.clear()
-    fresh = make_plan("llama-3.2-1b", "8k", "h100x2", **args)
+    fresh = planned()
     assert fresh.search["cache"] == "miss" and fresh.model == first.model

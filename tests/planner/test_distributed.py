@@ -47,10 +47,12 @@ def _two_workers_then_collect(storage):
     outs = [w.communicate(timeout=300) for w in workers]
     for w, (out, err) in zip(workers, outs):
         assert w.returncode == 0, err
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    plan = json.loads(make_plan("llama-3.2-1b", "16k", "h100x4", storage=storage, study_name=name,
-                                trials=0).to_json())  # the plan of the whole study, no new sampler trials
+    # the plan of the whole study, no new sampler trials
+    plan = json.loads(plan_for(PlanRequest(model="llama-3.2-1b", ctx="16k", hw="h100x4", trials=0), storage=storage,
+                               study_name=name).to_json())
     study = _study(storage, name)
     trials = study.get_trials()
     sampled = {t.user_attrs.get("worker") for t in trials if t.user_attrs.get("source") in ("sampler", "enqueued")}
@@ -72,13 +74,15 @@ def _two_workers_then_collect(storage):
 @pytest.mark.slow
 def test_two_workers_share_a_study_in_sqlite(tmp_path):
     from autosp.errors import UsageError
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
     storage = f"sqlite:///{tmp_path}/study.db"
     _two_workers_then_collect(storage)
     # a worker with another request (here: another context) may not join this study
     with pytest.raises(UsageError, match="belongs to another request"):
-        make_plan("llama-3.2-1b", "8k", "h100x4", storage=storage, study_name="shared-test", trials=2)
+        plan_for(PlanRequest(model="llama-3.2-1b", ctx="8k", hw="h100x4", trials=2), storage=storage,
+                 study_name="shared-test")
 
 
 @pytest.mark.slow
@@ -115,7 +119,8 @@ def test_measure_runs_a_ring_plan_end_to_end(tmp_path, monkeypatch):
     use both processes as a ring of 2 (Ulysses needs a head per rank), so every candidate the measurement runs is
     a ring plan; autosp-train trains it (torchrun, gloo) and the measurement chooses it."""
     from autosp.contract.specs import ModelSpec
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
     from autosp.planner.measure import MeasureOptions
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -128,7 +133,8 @@ def test_measure_runs_a_ring_plan_end_to_end(tmp_path, monkeypatch):
     options = MeasureOptions(k=1, steps=1, warmup=1, backend="aot_eager", timeout_s=300,
                              keep_dir=str(tmp_path / "runs"))
     # 502 tokens: padded to a multiple of lcm(sp, 2 x ring) = 4 (504) for the zigzag chunks
-    plan = make_plan(one_head, "502", str(hw), dtype="fp32", global_batch=1, trials=8, measure=options)
+    plan = plan_for(PlanRequest(model=one_head, ctx="502", hw=str(hw), dtype="fp32", global_batch=1, trials=8),
+                    measure=options)
     table = plan.search["measured"]
     assert table["chosen_by"] == "measurement", table
     assert table["results"] and all(r["status"] == "ok" for r in table["results"]), table["results"]
@@ -149,15 +155,17 @@ def test_measured_trial_on_cpu_is_recorded_in_the_study_and_the_plan(tmp_path, m
 
     from autosp.compiler.api import resolve_candidate
     from autosp.contract.specs import Candidate
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
     from autosp.planner.measure import MeasureOptions
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     storage = f"sqlite:///{tmp_path}/study.db"
     options = MeasureOptions(k=1, steps=1, warmup=1, backend="aot_eager", timeout_s=300,
                              keep_dir=str(tmp_path / "runs"))
-    plan = make_plan(_tiny(), "512", str(EXAMPLES / "cpu2.toml"), dtype="fp32", global_batch=2, trials=8,
-                     storage=storage, study_name="measured", worker="m", measure=options)
+    plan = plan_for(PlanRequest(model=_tiny(), ctx="512", hw=str(EXAMPLES / "cpu2.toml"), dtype="fp32",
+                                global_batch=2, trials=8),
+                    storage=storage, study_name="measured", worker="m", measure=options)
     table = plan.search["measured"]
     out = tmp_path / "runs" / "candidate0.out"  # what autosp-train printed: shown when the run failed
     assert table["chosen_by"] == "measurement" and len(table["results"]) == 1, (

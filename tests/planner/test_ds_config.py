@@ -9,13 +9,14 @@ from dataclasses import replace
 import pytest
 
 from autosp.contract.deepspeed_buffers import zero_config_fields
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.ds_config import deepspeed_config, deepspeed_config_json
 
 
 @pytest.fixture(scope="module")
 def one_gpu_plan():
-    return make_plan("llama-3.2-1b", "8k", "h100", search="exhaustive")
+    return plan_for(PlanRequest(model="llama-3.2-1b", ctx="8k", hw="h100", search="exhaustive"))
 
 
 def _variants(plan):
@@ -56,7 +57,7 @@ def test_deepspeed_parser_accepts_every_stage_and_dtype(one_gpu_plan):
 
 
 def test_batch_sizes_count_every_rank():
-    plan = make_plan("llama-3.1-8b", "64k", "h100x8", global_batch=16, search="exhaustive")
+    plan = plan_for(PlanRequest(model="llama-3.1-8b", ctx="64k", hw="h100x8", global_batch=16, search="exhaustive"))
     cfg = deepspeed_config(plan)
     c = plan.candidate
     assert c.dp * c.micro_batch * c.grad_accum == 16
@@ -98,7 +99,7 @@ def test_deepspeed_accepts_the_config_on_dp_times_sp_processes(tmp_path):
     config counts shards."""
     from autosp.compiler.testing import start
 
-    base = make_plan("llama-3.2-1b", "16k", "h100x2", global_batch=8, search="exhaustive")
+    base = plan_for(PlanRequest(model="llama-3.2-1b", ctx="16k", hw="h100x2", global_batch=8, search="exhaustive"))
     shapes = [dict(sp=2, dp=1, micro_batch=1, grad_accum=8, zero_stage=3),
               dict(sp=1, dp=2, micro_batch=2, grad_accum=2, zero_stage=2),
               dict(sp=2, dp=1, micro_batch=4, grad_accum=2, zero_stage=0)]

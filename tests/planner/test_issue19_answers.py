@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from autosp.errors import UsageError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.contract.plan import save_plan
 
 
@@ -45,7 +46,7 @@ def test_item5_ctrl_c_during_the_optuna_search_is_one_line():
 
 
 def test_item6_explain_and_check_share_one_validation(tmp_path):
-    plan = make_plan("llama-3.2-1b", "16k", "h100x8", search="exhaustive")
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="16k", hw="h100x8", search="exhaustive"))
     path = tmp_path / "plan.json"
     save_plan(plan, str(path))
     data = json.loads(path.read_text())
@@ -101,11 +102,11 @@ def test_item9_a_config_plan_is_named_after_the_path_given_now(tmp_path, monkeyp
         (tmp_path / name / "config.json").write_text(json.dumps(CONFIG))
         paths.append(str(tmp_path / name / "config.json"))
     cache = str(tmp_path / "plans.sqlite")
-    first = make_plan(paths[0], "16k", "h100x8", search="fast", cache=cache)
-    second = make_plan(paths[1], "16k", "h100x8", search="fast", cache=cache)  # the same content: no new trace
+    first = plan_for(PlanRequest(model=paths[0], ctx="16k", hw="h100x8", search="fast"), cache=cache)
+    # the same content: no new trace
+    second = plan_for(PlanRequest(model=paths[1], ctx="16k", hw="h100x8", search="fast"), cache=cache)
     assert (first.model.name, second.model.name) == ("ex", "other")
     assert first.search["model_profile"] == second.search["model_profile"]  # one content-keyed profile
-    from autosp.planner.request import PlanRequest
     from autosp.planner.sweep import plan_one
 
     row = plan_one(PlanRequest(model=paths[1], ctx="16k", hw="h100x8", search="fast"), cache)
@@ -181,7 +182,7 @@ def test_item11_a_pinned_micro_batch_gets_a_hint_that_holds():
     from autosp.errors import InfeasibleError
 
     with pytest.raises(InfeasibleError) as err:
-        make_plan("llama-3.2-1b", "128k", "h100x8", search="fast", fix=["micro_batch=100000"])
+        plan_for(PlanRequest(model="llama-3.2-1b", ctx="128k", hw="h100x8", search="fast", fix=["micro_batch=100000"]))
     assert "would fit" not in str(err.value) and "mb100000" in str(err.value)
 
 

@@ -11,7 +11,8 @@ import pytest
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.contract.specs import Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.ds_config import deepspeed_config
 from autosp.planner.search.space import build_space, ep_choices
 
@@ -33,7 +34,7 @@ def test_ep_is_searched_for_moe_models_only():
 def test_moe_plans_use_expert_parallelism_below_zero3(model, pins):
     # below ZeRO-3 the experts' states are replicated unless ep shards them: 46.7B / 30.5B do not fit otherwise
     # (30.5B does with ZeRO-Offload at ep 1, the exhaustive search's optimum there: so its optimizer stays here)
-    plan = make_plan(model, "128k", "h100x8", search="fast", fix=(("zero_stage", 2), *pins))
+    plan = plan_for(PlanRequest(model=model, ctx="128k", hw="h100x8", search="fast", fix=(("zero_stage", 2), *pins)))
     assert plan.candidate.ep > 1 and plan.estimate.fits
     assert plan.estimate.memory.expert_states > 0 and plan.estimate.time.expert_comm > 0
     ds = deepspeed_config(plan)
@@ -42,20 +43,21 @@ def test_moe_plans_use_expert_parallelism_below_zero3(model, pins):
 
 
 def test_pinned_ep_prices_each_degree():
-    plans = {ep: make_plan("qwen3-30b-a3b", "128k", "h100x8", search="fast", fix=(("ep", ep),)) for ep in (1, 8)}
+    plans = {ep: plan_for(PlanRequest(model="qwen3-30b-a3b", ctx="128k", hw="h100x8", search="fast",
+                                      fix=(("ep", ep),))) for ep in (1, 8)}
     assert plans[1].candidate.ep == 1 and plans[8].candidate.ep == 8
     assert plans[1].estimate.time.expert_comm == 0 < plans[8].estimate.time.expert_comm
     from autosp.errors import UsageError
 
     with pytest.raises(UsageError, match="needs a mixture-of-experts model"):
-        make_plan("llama", "32k", "h100x8", search="fast", fix=(("ep", 2),))
+        plan_for(PlanRequest(model="llama", ctx="32k", hw="h100x8", search="fast", fix=(("ep", 2),)))
     with pytest.raises(UsageError, match="does not divide the 8 experts"):
-        make_plan("mixtral-8x7b", "32k", "h100x8", nodes=2, search="fast", fix=(("ep", 16),))
+        plan_for(PlanRequest(model="mixtral-8x7b", ctx="32k", hw="h100x8", nodes=2, search="fast", fix=(("ep", 16),)))
 
 
 def test_tied_model_tiles_its_loss_at_zero3_at_1m():
     # issue 22: "autosp-plan --model <qwen3-0.6b> --ctx 1M --hw h100x8 --fix zero_stage=3" said no plan fits
-    plan = make_plan("qwen3-0.6b", "1M", "h100x8", search="fast", fix=(("zero_stage", 3),))
+    plan = plan_for(PlanRequest(model="qwen3-0.6b", ctx="1M", hw="h100x8", search="fast", fix=(("zero_stage", 3),)))
     assert plan.model.tied_embeddings and plan.candidate.zero_stage == 3 and plan.estimate.fits
     assert plan.candidate.loss_chunks > 1
 
@@ -82,5 +84,5 @@ def test_refusals_are_one_line_exit_2_before_anything_is_built(tmp_path):
 
 
 def test_the_default_search_keeps_a_pinned_ep():
-    plan = make_plan("mixtral-8x7b", "32k", "h100x8", trials=10, fix=(("ep", 2),))
+    plan = plan_for(PlanRequest(model="mixtral-8x7b", ctx="32k", hw="h100x8", trials=10, fix=(("ep", 2),)))
     assert plan.candidate.ep == 2 and plan.estimate.fits

@@ -6,7 +6,8 @@ from dataclasses import replace
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.cost_models.catalog.models import resolve_model
 from autosp.contract.specs import Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.artifacts import load_artifact
 from autosp.planner.search.evaluator import Evaluator
 from autosp.planner.ds_config import write_outputs
@@ -32,7 +33,7 @@ def test_space_pairs_parameter_offload_with_zero3_and_optimizer_offload():
 
 
 def test_max_ctx_on_one_gpu_offloads_the_parameters_and_trains_longer():
-    plan = make_plan("llama-3.1-8b", "1k", "h100", objective="max-ctx", cache=None)
+    plan = plan_for(PlanRequest(model="llama-3.1-8b", ctx="1k", hw="h100", objective="max-ctx"), cache=None)
     c = plan.candidate
     assert c.offload_param and c.offload_optimizer and c.zero_stage == 3
     assert plan.workload.seq_len > 700_000                    # ALST's recipe: 500K on one H100
@@ -42,7 +43,7 @@ def test_max_ctx_on_one_gpu_offloads_the_parameters_and_trains_longer():
 
 
 def test_written_deepspeed_config_offloads_the_parameters_and_reads_back(tmp_path):
-    plan = make_plan("llama-3.1-8b", "1k", "h100", objective="max-ctx", cache=None)
+    plan = plan_for(PlanRequest(model="llama-3.1-8b", ctx="1k", hw="h100", objective="max-ctx"), cache=None)
     plan_path, ds_path = tmp_path / "plan.json", tmp_path / "ds.json"
     write_outputs(plan, str(plan_path), str(ds_path))
     ds = json.loads(ds_path.read_text())

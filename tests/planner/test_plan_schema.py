@@ -30,9 +30,10 @@ def test_invalid_new_knobs_are_refused(fields, needle):
 
 
 def test_a_version_1_plan_reads_with_the_new_knobs_off(tmp_path):
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    plan = make_plan("llama-3.2-1b", "32k", "h100x8", cache=None)
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="32k", hw="h100x8"), cache=None)
     data = json.loads(plan.to_json())
     assert data["schema_version"] == SCHEMA_VERSION == 2
     data["schema_version"] = 1

@@ -22,7 +22,8 @@ from autosp.cost_models import estimate
 from autosp.profiling.graph import load_or_build
 from autosp.cost_models.profile import Elems
 from autosp.errors import UsageError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.cost_models.catalog.hardware import resolve_hardware
 
 TESTS = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()) / "tests"  # graph_profile_models.py
@@ -43,7 +44,7 @@ def cache_dirs(tmp_path, monkeypatch):
 
 def test_config_json_plans_with_its_graph_profile_and_the_cached_profile_needs_no_torch(cache_dirs, capfd):
     tmp_path, config = cache_dirs
-    plan = make_plan(config, "16k", "h100x8", trials=12, cache=str(tmp_path / "plans.sqlite"))
+    plan = plan_for(PlanRequest(model=config, ctx="16k", hw="h100x8", trials=12), cache=str(tmp_path / "plans.sqlite"))
     err = capfd.readouterr().err
     assert "tracing this config once: ~15 s" in err and "FakeTensorMode" in err  # progress while tracing
     profile = load_or_build(config)  # now a cache hit
@@ -76,28 +77,31 @@ def test_plan_cache_key_includes_the_profile_fingerprint(cache_dirs):
     tmp_path, config = cache_dirs
     profile = load_or_build(config, quiet=True)
     hw = resolve_hardware("h100x8")
-    args = dict(trials=8, cache=str(tmp_path / "plans.sqlite"))
-    assert make_plan(profile, "16k", hw, **args).search["cache"] == "miss"
-    assert make_plan(profile, "16k", hw, **args).search["cache"] == "hit"
+
+    def planned(model, ctx="16k"):
+        return plan_for(PlanRequest(model=model, ctx=ctx, hw=hw, trials=8), cache=str(tmp_path / "plans.sqlite"))
+
+    assert planned(profile).search["cache"] == "miss"
+    assert planned(profile).search["cache"] == "hit"
     # same ModelSpec, different measured costs: a different answer, so a different key
     heavier = replace(profile, fingerprint="0" * 20,
                       kept_mlp=tuple(Elems(e.other * 2, e.kv, e.fixed) for e in profile.kept_mlp))
     assert heavier.model_spec() == profile.model_spec()
-    other = make_plan(heavier, "16k", hw, **args)
+    other = planned(heavier)
     assert other.search["cache"] == "miss" and other.search["model_profile"] == "graph " + "0" * 20
     # a preset is priced by the formulas and says nothing about a profile
-    preset = make_plan("llama-3.2-1b", "8k", hw, **args)
+    preset = planned("llama-3.2-1b", "8k")
     assert "model_profile" not in preset.search
 
 
 def test_entry_point_plans_with_its_graph_profile(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOSP_CACHE_DIR", str(tmp_path / "profiles"))
     monkeypatch.syspath_prepend(str(TESTS))
-    plan = make_plan("graph_profile_models:tiny_lm", "8k", "h100x8", trials=8, cache=None)
+    plan = plan_for(PlanRequest(model="graph_profile_models:tiny_lm", ctx="8k", hw="h100x8", trials=8), cache=None)
     profile = load_or_build("graph_profile_models:tiny_lm", quiet=True)
     assert plan.search["model_profile"] == f"graph {profile.fingerprint}"
     assert plan.model.n_heads == 3 and plan.model.tied_embeddings and not plan.model.gated_mlp
     assert plan.candidate.sp in (1,)  # 3 heads: no SP degree of 8 GPUs but 1 divides them
     assert plan.estimate == estimate(plan.model, plan.hardware, plan.workload, plan.candidate, profile=profile)
     with pytest.raises(UsageError, match="cannot find the module"):
-        make_plan("no_such_module_here:build", "8k", "h100x8", cache=None)
+        plan_for(PlanRequest(model="no_such_module_here:build", ctx="8k", hw="h100x8"), cache=None)

@@ -11,7 +11,7 @@ import pytest
 import autosp
 from autosp.cost_models.catalog.hardware import resolve_hardware
 from autosp.errors import UsageError
-from autosp.planner.api import make_plan, plan_for
+from autosp.planner.api import plan_for
 from autosp.planner.cli.main import build_parser
 from autosp.planner.cli.args import request_fields
 from autosp.planner.request import PlanRequest, resolve
@@ -61,12 +61,15 @@ def test_the_cache_key_lists_every_field_and_not_the_spelling():
 def test_every_entry_point_asks_the_same_request():
     request = PlanRequest(model="llama-3.2-1b", hw="h100x2", ctx="16k", search="exhaustive")
     by_request = plan_for(request)
-    keyword = make_plan("llama-3.2-1b", "16k", "h100x2", search="exhaustive")
+    keyword = autosp.plan("llama-3.2-1b", "16k", "h100x2", search="exhaustive", cache=False)  # request and run fields
     facade = autosp.plan(request)
     assert by_request.candidate == keyword.candidate == facade.candidate
+    assert keyword.search["cache"] == "off"
     args = build_parser().parse_args(["--model", "llama-3.2-1b", "--ctx", "16k", "--hw", "h100x2", "--search",
                                       "exhaustive"])
     assert PlanRequest(**request_fields(args)) == request
     assert autosp.PlanRequest is PlanRequest
     with pytest.raises(UsageError, match="not both"):
         autosp.plan(request, "16k")
+    with pytest.raises(UsageError, match="not both"):
+        autosp.plan(request, search="fast")

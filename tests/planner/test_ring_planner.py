@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from autosp.contract.specs import ModelSpec, Workload
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.ds_config import deepspeed_config
 from autosp.planner.search.evaluator import CTX_GRANULE, Evaluator, rank_key
 from autosp.planner.search.exhaustive import exhaustive_throughput, longest_context
@@ -27,7 +28,8 @@ NARROW = ModelSpec("narrow", 16, 2048, 8, 2, 256, 8192, 32000)   # 8 query heads
 @pytest.fixture(scope="module")
 def llama_max_ctx():
     """Llama-3.1-8B's longest context on 4 and 8 nodes of H100s, no extra flags (as autosp-plan runs it)."""
-    return {gpus: make_plan("llama-3.1-8b", None, f"h100x{gpus}", objective="max-ctx") for gpus in (32, 64)}
+    return {gpus: plan_for(PlanRequest(model="llama-3.1-8b", hw=f"h100x{gpus}", objective="max-ctx"))
+            for gpus in (32, 64)}
 
 
 def test_max_ctx_grows_with_gpus_past_the_head_count(llama_max_ctx):
@@ -59,7 +61,8 @@ def test_report_shows_the_split_and_why(llama_max_ctx):
 
 
 def test_forbidding_cross_node_sp_keeps_every_group_in_a_node(llama_max_ctx):
-    inside = make_plan("llama-3.1-8b", None, "h100x32", objective="max-ctx", allow_cross_node_sp=False)
+    inside = plan_for(PlanRequest(model="llama-3.1-8b", hw="h100x32", objective="max-ctx",
+                                  allow_cross_node_sp=False))
     assert inside.candidate.sp <= 8 and inside.search["allow_cross_node_sp"] is False
     assert inside.workload.seq_len < 0.5 * llama_max_ctx[32].workload.seq_len
 

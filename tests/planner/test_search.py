@@ -57,17 +57,16 @@ def test_the_sweep_finds_a_family_the_trials_missed():
 def test_the_default_search_scores_a_small_space_whole():
     """Regression: mistral-7b at 8k on 2 H100s (4,116 candidates) got sp1 at 0.89 of the optimum from Optuna,
     while scoring every candidate costs less than the Optuna search."""
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    from autosp.planner.api import make_plan
-
-    default = make_plan("mistral-7b", "8k", "h100x2")
-    best = make_plan("mistral-7b", "8k", "h100x2", search="exhaustive")
+    default = plan_for(PlanRequest(model="mistral-7b", ctx="8k", hw="h100x2"))
+    best = plan_for(PlanRequest(model="mistral-7b", ctx="8k", hw="h100x2", search="exhaustive"))
     assert default.candidate == best.candidate
     assert default.search["strategy"] == "exhaustive" and default.search["evaluations"] == default.search["space_size"]
     assert "cost less to score" in default.search["sampler"]
     # with --trials the sampler runs (without, the bulk cost model scores this space whole: tests/cost_models/test_bulk.py)
-    big = make_plan("llama-3.1-8b", "200k", "h100x8", trials=60)
+    big = plan_for(PlanRequest(model="llama-3.1-8b", ctx="200k", hw="h100x8", trials=60))
     assert big.search["strategy"] == "optuna" and big.search["evaluations"] < big.search["space_size"]
 
 
@@ -107,24 +106,26 @@ def test_max_context_is_the_boundary_of_fitting():
 
 def test_max_ctx_floor_and_infeasible_diagnosis():
     from autosp.errors import InfeasibleError, UsageError
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    plan = make_plan("llama-3.2-1b", "64k", "h100x2", objective="max-ctx", trials=30)
+    plan = plan_for(PlanRequest(model="llama-3.2-1b", ctx="64k", hw="h100x2", objective="max-ctx", trials=30))
     assert plan.workload.seq_len >= 64_000 and plan.search["max_ctx_tokens"] == plan.workload.seq_len
     assert plan.estimate.fits and plan.objective == "max-ctx"
     with pytest.raises(InfeasibleError, match="longest context .* short of the requested 1000M"):
-        make_plan("llama-3.2-1b", "1000M", "h100x2", objective="max-ctx", trials=30)
+        plan_for(PlanRequest(model="llama-3.2-1b", ctx="1000M", hw="h100x2", objective="max-ctx", trials=30))
     with pytest.raises(InfeasibleError, match=r"needs [\d,.]+ GiB per GPU.*GPUs would fit \(--nodes \d+\)"):
-        make_plan("llama-3.1-405b", "32k", "h100x8", trials=10)
+        plan_for(PlanRequest(model="llama-3.1-405b", ctx="32k", hw="h100x8", trials=10))
     with pytest.raises(UsageError, match="--ctx is required"):
-        make_plan("llama-3.2-1b", None, "h100x2")
+        plan_for(PlanRequest(model="llama-3.2-1b", hw="h100x2"))
 
 
 def test_max_ctx_finds_a_fit_that_only_the_leanest_corner_has():
     """Llama-3.1-70B on two H100s fits only with every memory knob at its leanest; TPE's trials alone found
     no fitting point and the default search answered 'no plan fits' while the fast search found 60k."""
-    from autosp.planner.api import make_plan
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
 
-    default = make_plan("llama-3.1-70b", None, "h100x2", objective="max-ctx")
-    fast = make_plan("llama-3.1-70b", None, "h100x2", objective="max-ctx", search="fast")
+    default = plan_for(PlanRequest(model="llama-3.1-70b", hw="h100x2", objective="max-ctx"))
+    fast = plan_for(PlanRequest(model="llama-3.1-70b", hw="h100x2", objective="max-ctx", search="fast"))
     assert default.workload.seq_len >= fast.workload.seq_len >= 60_000

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from autosp.errors import UsageError
-from autosp.planner.api import make_plan
+from autosp.planner.api import plan_for
+from autosp.planner.request import PlanRequest
 from autosp.planner.search.optuna_search import MAX_TRIALS
 
 SCRIPT = Path(sys.executable).with_name("autosp-plan")
@@ -25,20 +26,20 @@ def test_an_absurd_trial_count_is_a_usage_error_not_a_search_that_never_ends():
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "--time-budget" in out.stderr and f"{MAX_TRIALS:,}" in out.stderr
     with pytest.raises(UsageError, match="at most"):
-        make_plan("llama", "200k", "h100x8", trials=MAX_TRIALS + 1)
+        plan_for(PlanRequest(model="llama", ctx="200k", hw="h100x8", trials=MAX_TRIALS + 1))
 
 
 def test_a_time_budget_stops_the_trials_and_says_so():
-    plan = make_plan("llama", "200k", "h100x8", time_budget="1s")
+    plan = plan_for(PlanRequest(model="llama", ctx="200k", hw="h100x8", time_budget="1s"))
     search = plan.search
     assert search["time_budget_s"] == 1.0
     assert search["stopped_by"].startswith("time budget after")
     assert 0 < search["trials"] < MAX_TRIALS  # without --trials the budget alone decides how many run
     assert plan.estimate.fits
     with pytest.raises(UsageError, match="--time-budget"):
-        make_plan("llama", "200k", "h100x8", time_budget="soon")
+        plan_for(PlanRequest(model="llama", ctx="200k", hw="h100x8", time_budget="soon"))
     with pytest.raises(UsageError, match="exhaustive"):
-        make_plan("llama", "200k", "h100x8", time_budget=5, search="exhaustive")
+        plan_for(PlanRequest(model="llama", ctx="200k", hw="h100x8", time_budget=5, search="exhaustive"))
 
 
 def _stderr_on_a_terminal(args) -> str:
