@@ -159,7 +159,8 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         head_dim = hidden // n_heads
     else:
         head_dim = _positive_int(config, "head_dim", where)
-    ffn = _positive_int(config, "intermediate_size", where)
+    # a mixture of experts without dense layers may have no dense width (Qwen3.5-MoE): its experts' stands in
+    ffn = _positive_int(config, "intermediate_size", where, default=config.get("moe_intermediate_size"))
     vocab = _positive_int(config, "vocab_size", where)
     if n_heads % n_kv:
         raise UsageError(f"model config {where}: num_attention_heads {n_heads} is not a multiple of "
