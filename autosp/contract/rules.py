@@ -136,7 +136,13 @@ def broken(knobs, rules: tuple[Rule, ...] = RULES) -> Rule | None:
 def allows(knobs: dict) -> bool:
     """Whether ``knobs`` (some knobs' values) break no rule whose knob and reads they all hold: what one layout
     (sp, ring) allows of a knob, or a checkpointing policy beside sequence chunks."""
-    return all(rule.holds(knobs) for rule in RULES if all(name in knobs for name in rule.names))
+    return all(rule.holds(knobs) for rule in _rules_within(frozenset(knobs)))
+
+
+@functools.lru_cache(maxsize=256)
+def _rules_within(names: frozenset) -> tuple[Rule, ...]:
+    """The rules whose knob and reads are all in ``names``."""
+    return tuple(rule for rule in RULES if names.issuperset(rule.names))
 
 
 def candidate_reason(cand) -> str | None:
@@ -208,15 +214,21 @@ def _valid(names: tuple[str, ...], choices: tuple[tuple, ...]) -> frozenset:
 
 
 def _coupled(choices: dict) -> list[tuple[tuple[int, ...], frozenset]]:
-    """(positions in ``choices``' order, valid value tuples) of each coupled set of ``choices``' knobs. A rule whose
-    reads each have one choice is decided first (the knob loses its on values where it fails), so a layout's sp
-    and ring join no set and layouts with the same other choices share the sets' work (kept: :func:`_valid`)."""
+    """(positions in ``choices``' order, valid value tuples) of each coupled set of ``choices``' knobs."""
     names = tuple(choices)
-    allowed = {name: tuple(choices[name]) for name in names if name in NAMES}
+    return [(tuple(names.index(n) for n in members), valid)
+            for members, valid in _coupled_sets(tuple((n, tuple(choices[n])) for n in names if n in NAMES))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _coupled_sets(choices: tuple) -> tuple[tuple[tuple[str, ...], frozenset], ...]:
+    """(knobs, valid value tuples) of each coupled set of ``choices`` ((knob, its values) pairs of the knobs the
+    rules name). A rule whose reads each have one choice is decided first (the knob loses its on values where it
+    fails), so a layout's sp and ring join no set. Kept: a sweep's requests ask for the same few choices."""
+    allowed = dict(choices)
+    names = tuple(allowed)
     live = []
-    for rule in RULES:
-        if any(n not in allowed for n in rule.names):
-            continue
+    for rule in _rules_within(frozenset(names)):
         if all(len(allowed[n]) == 1 for n in rule.reads):
             if not rule.test(*(allowed[n][0] for n in rule.reads)):
                 allowed[rule.knob] = tuple(v for v in allowed[rule.knob] if v not in rule.on)
@@ -224,9 +236,8 @@ def _coupled(choices: dict) -> list[tuple[tuple[int, ...], frozenset]]:
             live.append(rule)
     grouped = components(names, tuple(live))
     coupled = {n for members in grouped for n in members}
-    grouped += tuple((name,) for name in allowed if name not in coupled)  # a knob alone: its allowed values
-    return [(tuple(names.index(n) for n in members), _valid(members, tuple(allowed[n] for n in members)))
-            for members in grouped]
+    grouped += tuple((name,) for name in names if name not in coupled)  # a knob alone: its allowed values
+    return tuple((members, _valid(members, tuple(allowed[n] for n in members))) for members in grouped)
 
 
 def combinations(choices: dict):
