@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 __all__ = ["BWD_FACTOR", "CHUNK", "KERNELS", "LinearShape", "PIECE_TOKENS", "a2a_buffer_bytes",
            "all_to_all_widths", "attention_pointwise_elems", "core_flops_forward", "core_flops_per_head_token", "kept", "kept_bytes",
-           "kernel_bytes_per_head_token", "layout", "mixer_phase_bytes", "piece_bytes", "plan_reason",
+           "TORCH_FALLBACK_ELEMS", "kernel_bytes_per_head_token", "layout", "mixer_phase_bytes", "piece_bytes", "plan_reason",
            "pointwise_elems", "recompute_mlp_phase", "split_reason", "state_bytes"]
 
 PIECE_TOKENS = 4096
@@ -252,43 +252,53 @@ def recompute_mlp_phase(ls: LinearShape, policy: str) -> tuple[float, float]:
     return 3.0 * ls.h, 0.0
 
 
+TORCH_FALLBACK_ELEMS = (12.6, 8.7, 7.4, 1.5)
+"""fp32 elements per value head and token that one piece's backward holds with transformers' torch fallback:
+a x d_k + b x d_v + c x C + d x d_k d_v / C. A least-squares fit of the op's allocated backward peak (less its
+whole-sequence input gradients) over nine shapes (d_k, d_v from 32 to 128, 1-4 value heads), residuals within 5%:
+``python -m studies.linear_attention_memory``, "fit". Counting the fallback's tensors gives a similar form: fp32
+copies and products of q and k (its transposed copies, L2 norms, scaled, padded, beta-weighted, decayed and
+UT-transformed keys: ~12 d_k), of v (~10 d_v), seven C-wide rows of the C x C chunk matrices and three states per
+chunk (3 d_k d_v / C); what is freed before the backward's peak makes the fit smaller."""
+
+
 def kernel_bytes_per_head_token(ls: LinearShape) -> float:
-    """Bytes per value head and token the kernel's autograd holds at the peak of one piece's backward.
+    """Bytes per value head and token the kernel holds at the peak of one piece's backward (the op's conv and the
+    piece's input gradients included).
 
-    ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``, bf16 inputs; from its ``chunk.py``: what its
-    forward saves and its backward allocates): saved q, k (L2-normalised, 2 x 2 d_k), their inverse norms (8), v
-    (2 d_v), the cumulated decay (4), beta (2) and the UT matrix A (64 x 2); in the backward w (2 d_k), u, v_new,
-    dv and its second buffer, do's dv (5 x 2 d_v), the per-chunk states h and dh (2 x 2 d_k d_v / 64), dq, dk, dw
-    and dk2 in fp32 (16 d_k), dv (2 d_v), db and dg (10): 22 d_k + 12 d_v + d_k d_v / 16 + 152.
+    ``fla`` (flash-linear-attention's ``chunk_gated_delta_rule``, bf16 inputs; read from its ``chunk.py`` and
+    ``chunk_delta_h.py``: what its forward saves and its backward allocates, not measured here): saved q, k
+    (L2-normalised, 2 x 2 d_k), their inverse norms (8), v (2 d_v), the cumulated decay (4), beta (2) and the UT
+    matrix A (64 x 2); in the backward w (2 d_k), u, v_new, dv and its second buffer, do's dv (5 x 2 d_v), the
+    per-chunk states h and dh (2 x 2 d_k d_v / 64), dq, dk, dw and dk2 in fp32 (16 d_k), dv (2 d_v), db and dg
+    (10): 22 d_k + 12 d_v + d_k d_v / 16 + 152.
 
-    ``torch`` (transformers' ``torch_chunk_gated_delta_rule``, fp32 throughout): its forward keeps fp32 copies and
-    products of q and k (12 d_k: the transposed copies, their L2 norms, the scaled, padded, beta-weighted and
-    decayed ones, the UT-transformed keys), of v (10 d_v: copies, v_beta, the new values, and per chunk the
-    state's read, the intra-chunk product and the output), seven C-wide rows of the C x C chunk matrices (decays,
-    UT system, intra-chunk attention) and three states per chunk (3 d_k d_v / C); 4 B each."""
+    ``torch`` (transformers' ``torch_chunk_gated_delta_rule``, fp32 throughout): :data:`TORCH_FALLBACK_ELEMS`."""
     dk, dv = ls.dk, ls.dv
     if ls.kernel == "fla":
         return 22 * dk + 12 * dv + dk * dv / 16 + 152
-    return 4.0 * (12 * dk + 10 * dv + 7 * CHUNK + 3 * dk * dv / CHUNK)
+    a, b, c, d = TORCH_FALLBACK_ELEMS
+    return 4.0 * (a * dk + b * dv + c * CHUNK + d * dk * dv / CHUNK)
 
 
 def piece_bytes(ls: LinearShape) -> float:
     """Bytes one piece's backward holds on one GPU: the kernel's (:func:`kernel_bytes_per_head_token`) for the
-    rank's n_v / U value heads, and around it the op's conv output and its SiLU and their gradients (4 conv
-    channels) and the piece's input gradients before they are added to the op's (conv + n_v), over
-    min(PIECE_TOKENS, S_pad) tokens of each sequence."""
+    rank's n_v / U value heads over min(PIECE_TOKENS, S_pad) tokens of each sequence."""
     tokens = ls.b * min(PIECE_TOKENS, ls.S_pad)
-    per_token = ls.nv * kernel_bytes_per_head_token(ls) + (5 * ls.conv + ls.nv) * ls.e
-    return tokens * per_token / ls.U
+    return tokens * ls.nv * kernel_bytes_per_head_token(ls) / ls.U
 
 
 def mixer_phase_bytes(ls: LinearShape, policy: str) -> float:
     """Bytes alive on top of the kept set while one linear layer's op runs its backward (the softmax layer's
-    "attention phase"): the incoming gradient of its output (v), the gradients of its inputs over the whole
-    sequence (conv, beta: the op allocates them first; the decay's in fp32) and the residual gradient (h); what the
-    policy recomputed (selective and sequence: n1, beta and the fp32 decay; full: also the slots, and the states);
-    and one piece's recompute (:func:`piece_bytes`)."""
-    grads = ls.value + ls.conv + ls.nv + ls.h
+    "attention phase"): the gradient of the layer's output before and after its all-to-all (2 v), the projections'
+    gradient buffer the compiled backward allocates before it (q/k/v/z/b/a: 2 n_k d_k + 2 v + 2 n_v, z's written
+    already), the gradients of the op's inputs over the whole sequence (conv, beta: the op allocates them first; the
+    decay's in fp32) and the residual gradient (h); what the policy recomputed (selective and sequence: n1, beta and
+    the fp32 decay; full: also the slots, and the states); and one piece's recompute (:func:`piece_bytes`). The
+    backward's other moments (the norm's, the projections') hold less. Measured on the CPU by allocation events:
+    ``python -m studies.linear_attention_memory``."""
+    projections = 2 * ls.nk * ls.dk + 2 * ls.value + 2 * ls.nv
+    grads = 2 * ls.value + projections + ls.conv + ls.nv + ls.h
     grads_fixed = 4.0 * ls.nv
     if policy == "none":
         re, re_fixed = 0.0, 0.0
