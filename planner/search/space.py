@@ -440,7 +440,8 @@ class SearchSpace:
         narrowed = {"micro_batch": micro, "overlap": overlap,
                     "mlp_chunks": tuple(c for c in self.mlp_chunks if tile_ok(c, tokens)),
                     "loss_chunks": tuple(c for c in self.loss_chunks if tile_ok(c, tokens)),
-                    "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens))}
+                    "sequence_chunks": tuple(c for c in self.sequence_chunks if sequence_chunks_ok(c, tokens)
+                                             and (c == 1 or not self.model.linear_layers))}
         return {name: narrowed.get(name, getattr(self, name)) for name in self.KNOBS if name not in ("sp", "ring")}
 
     def layouts(self):

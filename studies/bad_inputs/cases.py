@@ -80,9 +80,15 @@ CASES: list[Case] = [
     # Gemma 2 is priced by the formulas that describe its soft-capping, without a trace (issue 22)
     _c(PLAN, "--model @gemma2/config.json --ctx 8k --hw h100x8 --no-cache --json", 0, "", item=11, slow=True),
     _c(PLAN, "--model @cfg-moe.json --ctx 8k --hw h100x8", 2, "mixture-of-experts"),
-    _c(PLAN, "--model @cfg-hybrid.json --ctx 8k --hw h100x8", 2, "hybrid linear-attention model"),
+    _c(PLAN, "--model @cfg-hybrid.json --ctx 8k --hw h100x8", 2, "autosp trains the Gated DeltaNet ones"),
+    # a Gated DeltaNet hybrid plans; what its linear layers cannot run is refused as the compiler refuses it (issue 35)
+    _c(PLAN, "--model qwen3-next-80b-a3b --ctx 128k --hw h100x8 --fix ring=2", 2, "does not pass around a ring"),
+    _c(PLAN, "--model qwen3-next-80b-a3b --ctx 1M --hw h100x8 --fix sequence_chunks=4", 2,
+       "recurrent state from chunk to chunk"),
+    _c(PLAN, "--model @cfg-llama4.json --ctx 8k --hw h100x8", 2, "uses chunked attention"),
     _c(PLAN, "--model @cfg-t5.json --ctx 8k --hw h100x8", 2, "encoder-decoder model"),
-    _c(PLAN, "--model @cfg-vl.json --ctx 8k --hw h100x8", 2, "vision-language model"),
+    _c(PLAN, "--model @cfg-vl.json --ctx 8k --hw h100x8", 2, 'with "model_type": "qwen2" and without vision_config'),
+    _c(PLAN, "--model @cfg-llava.json --ctx 8k --hw h100x8", 2, "plan its text_config"),
     _c(PLAN, "--model @cfg-mla.json --ctx 8k --hw h100x8", 2, "multi-head latent attention"),
     _c(PLAN, "--model @cfg-unknown-type.json --ctx 8k --hw h100x8 --no-cache", 2, "cannot build it", slow=True),
     _c(PLAN, "--model nosuchpkg.models:build --ctx 8k --hw h100x8", 2, "cannot find the module"),

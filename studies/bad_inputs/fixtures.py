@@ -322,9 +322,15 @@ fixture("cfg-kv.json", "8 heads, 3 key/value heads")(
     _config(lambda c: c.update(num_attention_heads=8, num_key_value_heads=3)))
 fixture("cfg-moe.json", "a mixture-of-experts config (num_local_experts = 8)")(
     _config(lambda c: c.update(num_local_experts=8)))
-fixture("cfg-hybrid.json", "a Qwen3-Next config (Gated DeltaNet linear-attention layers)")(
-    _config(lambda c: c.update(model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"],
-                               layer_types=["linear_attention"] * (c["num_hidden_layers"] - 1) + ["full_attention"])))
+fixture("cfg-hybrid.json", "a Jamba config (Mamba layers)")(
+    _config(lambda c: c.update(model_type="jamba", architectures=["JambaForCausalLM"],
+                               layer_types=["mamba"] * (c["num_hidden_layers"] - 1) + ["full_attention"])))
+fixture("cfg-llama4.json", "a Llama-4 text config (attention_chunk_size 8192 on 3 of every 4 layers)")(
+    _config(lambda c: c.update(model_type="llama4_text", architectures=["Llama4ForCausalLM"],
+                               attention_chunk_size=8192)))
+fixture("cfg-llava.json", "a LLaVA config (the tiny Llama config as its text_config)")(
+    lambda path, d: path.write_text(json.dumps({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+                                                "text_config": LLAMA_TINY, "vision_config": {"hidden_size": 32}})))
 fixture("cfg-t5.json", "a T5 config (encoder-decoder)")(
     _config(lambda c: c.update(model_type="t5", architectures=["T5ForConditionalGeneration"], is_encoder_decoder=True)))
 fixture("cfg-vl.json", "a Qwen2.5-VL config (vision_config)")(
