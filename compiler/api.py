@@ -132,18 +132,20 @@ def _distinct_window_layer_types(model, windows) -> None:
     graph for every layer of the same class: a windowed layer would run a global layer's attention (the
     window is a constant of the graph, and Hugging Face's window attribute is not guarded). Giving the
     windowed layers a subclass per window (same name, no new behaviour) makes Dynamo's type guard compile
-    them apart."""
+    them apart. Their submodules too: a layer's frame can break inside it (transformers' output-recording
+    hooks, which a mixture of experts' router loss installs, read a ContextVar Dynamo cannot trace), and the
+    attention module's own frame is then the compiled one (gpt-oss)."""
     for name in _leaf_block_names(model):
         index = name.rsplit(".", 1)[-1]
         if not index.isdigit() or int(index) >= len(windows) or windows[int(index)] is None:
             continue
-        layer = model.get_submodule(name)
-        base = type(layer)
-        key = (base, windows[int(index)])
-        if key not in _WINDOW_TYPES:
-            _WINDOW_TYPES[key] = type(base.__name__, (base,), {"__module__": base.__module__,
-                                                               "__qualname__": base.__qualname__})
-        layer.__class__ = _WINDOW_TYPES[key]
+        for module in model.get_submodule(name).modules():
+            base = type(module)
+            key = (base, windows[int(index)])
+            if key not in _WINDOW_TYPES:
+                _WINDOW_TYPES[key] = type(base.__name__, (base,), {"__module__": base.__module__,
+                                                                   "__qualname__": base.__qualname__})
+            module.__class__ = _WINDOW_TYPES[key]
 
 
 def keep_zero3_hooks_eager(model) -> None:
@@ -188,9 +190,11 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
             pad_token_id = 0
     windows = windows or []
     router_key = ""
+    from autosp.compiler.sinks import use_sink_attention
     from autosp.compiler.softcapping import use_capped_attention
 
     use_capped_attention(module)  # Gemma 2: its soft-capped eager attention as one op the passes shard
+    use_sink_attention(module)  # gpt-oss: its eager attention with sinks, likewise
     if moe:
         from autosp.compiler.router_loss import patch_router_loss
 

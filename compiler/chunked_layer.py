@@ -64,6 +64,7 @@ from autosp.compiler import ops
 from autosp.compiler.attention.layout import chunk_ring_spans, chunk_sizes
 from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
+from autosp.compiler.attention.sinks import fold_sinks, sinks_grad
 from autosp.compiler.passes import offload as host
 
 _KEYS = itertools.count()
@@ -191,11 +192,12 @@ def _active(state):
         _ACTIVE.pop()
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """The attention node of a layer program: chunk i's queries over key/value chunks <= i."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None):
+    """The attention node of a layer program: chunk i's queries over key/value chunks <= i (``sinks``: the local
+    heads' sink logits, gpt-oss, merged once after every chunk's: :mod:`autosp.compiler.attention.sinks`)."""
     if not _ACTIVE:
         raise RuntimeError("autosp: a chunked layer program ran outside autosp_ops::chunked_layer")
-    return _ACTIVE[-1].attend(q, k, v)
+    return _ACTIVE[-1].attend(q, k, v, sinks)
 
 
 class _ForwardState:
@@ -205,7 +207,7 @@ class _ForwardState:
         self.loader = _Loader(device, program.offload)
         self.pg = _ring_pg(program)
 
-    def attend(self, q, k, v):
+    def attend(self, q, k, v, sinks=None):
         p, i = self.program, self.index
         if p.ring > 1:
             ops.CALLS["ring_attention"] += 1
@@ -219,6 +221,8 @@ class _ForwardState:
             kj = k if j == i else self.loader.get(("k", j), self.k[j])
             vj = v if j == i else self.loader.get(("v", j), self.v[j])
             _attend_block(p, self.pg, q, kj, vj, q_spans, p.spans(j), acc)
+        if sinks is not None:
+            fold_sinks(*acc, sinks)
         self.k.append(_keep(k, p.offload))
         self.v.append(_keep(v, p.offload))
         out, lse = acc[0].to(q.dtype), acc[1]
@@ -250,8 +254,8 @@ class _BackwardState:
         self.pg = _ring_pg(program)
         self.index = 0
 
-    def attend(self, q, k, v):
-        out = _SavedAttention.apply(q, k, v, self)
+    def attend(self, q, k, v, sinks=None):
+        out = _SavedAttention.apply(q, k, v, sinks, self)
         return (out, self.lse) if self.program.returns_lse else out
 
     def _accumulate(self, store: dict, j: int, part: torch.Tensor) -> None:
@@ -303,16 +307,18 @@ class _BackwardState:
 
 class _SavedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, state):
+    def forward(ctx, q, k, v, sinks, state):
         ctx.state = state
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, k, v, sinks)
         return state.out.clone()
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
+        q, k, v, sinks = ctx.saved_tensors
         dq, dk, dv = ctx.state.backward(dout, q, k, v)
-        return dq, dk, dv, None
+        # the saved (out, lse) include the sinks: the pieces' backward above is already the gradient with them
+        dsinks = None if sinks is None else sinks_grad(dout, ctx.state.out, ctx.state.lse, sinks)
+        return dq, dk, dv, dsinks, None
 
 
 # --- the ops --------------------------------------------------------------------------------------------

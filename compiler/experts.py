@@ -3,7 +3,18 @@
 transformers 5 stores a MoE block's experts as one module with two 3-D parameters, ``gate_up_proj`` [E, 2I, H]
 and ``down_proj`` [E, H, I], called as ``experts(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])``
 through its ``ExpertsInterface`` (``config._experts_implementation`` picks the function). autosp registers
-one more implementation there, ``"autosp_ep"``, which calls :func:`moe_experts`, a custom op:
+one more implementation there, ``"autosp_ep"``, which calls :func:`moe_experts`, a custom op.
+
+The expert function is a parameter of the op, not a fork of it. Qwen3-MoE, Mixtral and OLMoE: ``down(act(gate) *
+up)`` with ``gate_up`` = [gate; up] (``act``: the config's ``hidden_act``). gpt-oss (``GptOssExperts``) differs in
+three ways, each an argument: its weights are stored transposed ([E, H, 2I] and [E, I, H], ``transposed``), both
+projections carry a bias (``gate_up_bias`` [E, 2I], ``down_bias`` [E, H]), and its gate is its own
+``_apply_gate``: gate and up interleaved in one tensor (columns 0, 2, 4, ... and 1, 3, 5, ...), a clamped SwiGLU
+``(clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g)`` with ``g = clamp(gate, max=7)``. A module whose class has its
+own ``_apply_gate`` is run with that method itself (transformers' code, registered under a key the op's ``act``
+names: :func:`gate_key`), so the op computes exactly what the module's eager loop does. Its router (a linear
+layer with a bias, top-k of the logits then a softmax over the k) runs outside the op, traced as any layer:
+the op receives its indices and weights.
 
 - with expert parallelism (``ep`` > 1) each rank of an EP group of ``ep`` ranks keeps only its E/ep experts
   (rank r: experts ``r*E/ep .. (r+1)*E/ep - 1``); the op sends every (token, chosen expert) row to the rank
@@ -38,6 +49,8 @@ sharded experts module is given a class that is also an ``AutoEPMoELayer`` (no b
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 
@@ -48,10 +61,38 @@ from autosp.errors import UsageError
 IMPLEMENTATION = "autosp_ep"
 
 
-def _activation(name: str):
+_GATES: dict = {}
+_GATE_KEYS = itertools.count()
+
+
+def gate_key(module) -> str:
+    """Register ``module._apply_gate`` (its class's own gate: gpt-oss's clamped SwiGLU on interleaved gate/up
+    columns) and return the key the op's ``act`` names it by (``"gate:N"``)."""
+    key = f"gate:{next(_GATE_KEYS)}"
+    _GATES[key] = module._apply_gate
+    return key
+
+
+def _gate(act: str):
+    """The gate of the op's ``act``: a registered module gate (:func:`gate_key`), else ``act(gate) * up`` on
+    ``[gate; up]`` with transformers' activation of that name."""
+    if act in _GATES:
+        return _GATES[act]
     from transformers.activations import ACT2FN
 
-    return ACT2FN[name]
+    fn = ACT2FN[act]
+
+    def gated(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return fn(gate) * up
+
+    return gated
+
+
+def _project(rows, weight, bias, transposed: bool):
+    """One expert's linear layer: ``weight`` [out, in] (or [in, out] when ``transposed``), ``bias`` [out] or None."""
+    out = rows @ weight if transposed else torch.nn.functional.linear(rows, weight)
+    return out if bias is None else out + bias
 
 
 class _ExchangeRows(torch.autograd.Function):
@@ -76,9 +117,11 @@ def _exchange(x: torch.Tensor, send: list[int], recv: list[int], pg) -> torch.Te
     return out.to(x.dtype)
 
 
-def _local_experts(x: torch.Tensor, expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, act) -> torch.Tensor:
+def _local_experts(x: torch.Tensor, expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, gate,
+                   biases=(None, None), transposed: bool = False) -> torch.Tensor:
     """Each row of ``x`` through its local expert (``expert``: index into ``gate_up`` / ``down``), Hugging
-    Face's gated MLP: down(act(gate) * up)."""
+    Face's gated MLP: down(gate(gate_up(x))), with the projections' biases (``biases``: gate_up's and down's,
+    or None) and weights stored [in, out] when ``transposed``."""
     order = torch.argsort(expert, stable=True)
     counts = torch.bincount(expert, minlength=gate_up.shape[0]).tolist()
     # one view per expert, made once: autograd then stacks the experts' weight gradients into one tensor. Indexing
@@ -86,20 +129,23 @@ def _local_experts(x: torch.Tensor, expert: torch.Tensor, gate_up: torch.Tensor,
     # passes over the whole weight per layer (forward + backward of 64 small experts 2.5x slower on this CPU:
     # python -m studies.moe_experts_speed)
     gate_ups, downs = gate_up.unbind(0), down.unbind(0)
+    gate_up_biases, down_biases = (b.unbind(0) if b is not None else itertools.repeat(None) for b in biases)
     parts, start = [], 0
-    for e, n in enumerate(counts):
+    for e, (n, gate_up_bias, down_bias) in enumerate(zip(counts, gate_up_biases, down_biases)):
         if n:
             rows = x.index_select(0, order[start:start + n]).to(gate_up.dtype)  # under autocast: bf16 weights
-            gate, up = torch.nn.functional.linear(rows, gate_ups[e]).chunk(2, dim=-1)
-            parts.append(torch.nn.functional.linear(act(gate) * up, downs[e]))
+            inner = gate(_project(rows, gate_ups[e], gate_up_bias, transposed))
+            parts.append(_project(inner, downs[e], down_bias, transposed))
         start += n
-    if not parts:
-        return x.new_zeros((0, down.shape[1])) + 0 * (gate_up.sum() + down.sum())
+    if not parts:  # no row here: an output connected to every weight (zero gradients, not none)
+        unused = sum(t.sum() for t in (gate_up, down, *biases) if t is not None)
+        return x.new_zeros((0, down.shape[2] if transposed else down.shape[1])) + 0 * unused
     out = torch.cat(parts)
     return out.index_select(0, torch.argsort(order))  # back to the rows' order
 
 
-def _forward(hidden, top_k_index, top_k_weights, gate_up, down, group: str, act: str) -> torch.Tensor:
+def _forward(hidden, top_k_index, top_k_weights, gate_up, down, group: str, act: str, biases=(None, None),
+             transposed: bool = False) -> torch.Tensor:
     k = top_k_index.shape[1]
     flat = top_k_index.reshape(-1)
     order = torch.argsort(flat, stable=True)        # assignments grouped by expert, hence by owner rank
@@ -117,9 +163,9 @@ def _forward(hidden, top_k_index, top_k_weights, gate_up, down, group: str, act:
         send, recv = send_counts.tolist(), recv_counts.tolist()
         x = _ExchangeRows.apply(x, send, recv, pg)
         local = _exchange(chosen - owner * n_local, send, recv, pg)
-        y = _ExchangeRows.apply(_local_experts(x, local, gate_up, down, _activation(act)), recv, send, pg)
+        y = _ExchangeRows.apply(_local_experts(x, local, gate_up, down, _gate(act), biases, transposed), recv, send, pg)
     else:
-        y = _local_experts(x, chosen, gate_up, down, _activation(act))
+        y = _local_experts(x, chosen, gate_up, down, _gate(act), biases, transposed)
     weights = top_k_weights.reshape(-1).index_select(0, order)
     weighted = (y * weights.unsqueeze(-1)).to(hidden.dtype)
     return torch.zeros_like(hidden).index_add(0, token, weighted)
@@ -134,74 +180,96 @@ def _token_chunks(chunks: int, *tensors):
 
 @torch.library.custom_op("autosp_ops::moe_experts", mutates_args=())
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor, group: str, act: str, chunks: int = 1) -> torch.Tensor:
+                down: torch.Tensor, group: str, act: str, chunks: int = 1, gate_up_bias: torch.Tensor | None = None,
+                down_bias: torch.Tensor | None = None, transposed: bool = False) -> torch.Tensor:
     """The experts' weighted output for every token ([T, H]); ``group``: the EP group's name ('' = no EP);
-    ``chunks``: token pieces run one after the other (the expert intermediates of one piece at a time)."""
+    ``act``: the gate (an activation name, or a module's own gate: :func:`gate_key`); ``chunks``: token pieces run
+    one after the other (the expert intermediates of one piece at a time); ``gate_up_bias`` / ``down_bias``: the
+    projections' biases (gpt-oss); ``transposed``: weights stored [E, in, out] (gpt-oss)."""
     with torch.no_grad():
-        return torch.cat([_forward(h, i, w, gate_up, down, group, act)
+        return torch.cat([_forward(h, i, w, gate_up, down, group, act, (gate_up_bias, down_bias), transposed)
                           for h, i, w in _token_chunks(chunks, hidden, top_k_index, top_k_weights)])
 
 
 @moe_experts.register_fake
-def _moe_experts_fake(hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1):
+def _moe_experts_fake(hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1, gate_up_bias=None,
+                      down_bias=None, transposed=False):
     return torch.empty_like(hidden)
 
 
 @torch.library.custom_op("autosp_ops::moe_experts_backward", mutates_args=())
 def moe_experts_backward(grad: torch.Tensor, hidden: torch.Tensor, top_k_index: torch.Tensor,
                          top_k_weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, group: str,
-                         act: str, chunks: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of :func:`moe_experts` for hidden, top_k_weights, gate_up and down: the forward recomputed
-    under autograd (its exchanges included) and differentiated, one token piece at a time (the expert weights'
-    gradients summed over the pieces)."""
+                         act: str, chunks: int = 1, gate_up_bias: torch.Tensor | None = None,
+                         down_bias: torch.Tensor | None = None, transposed: bool = False) -> list[torch.Tensor]:
+    """Gradients of :func:`moe_experts` for hidden, top_k_weights, gate_up and down, then gate_up_bias and
+    down_bias when given: the forward recomputed under autograd (its exchanges included) and differentiated, one
+    token piece at a time (the expert weights' gradients summed over the pieces)."""
     from autosp.compiler.chunked_layer import _autograd_inside_op
 
-    d_hidden, d_weights, d_gate_up, d_down = [], [], None, None
+    params = [t for t in (gate_up, down, gate_up_bias, down_bias) if t is not None]
+    d_hidden, d_weights, d_params = [], [], [None] * len(params)
     for h, i, w, g in _token_chunks(chunks, hidden, top_k_index, top_k_weights, grad):
-        leaves = [t.detach().requires_grad_(True) for t in (h, w, gate_up, down)]
+        leaves = [t.detach().requires_grad_(True) for t in (h, w, *params)]
+        biases = _bias_leaves(leaves[4:], gate_up_bias, down_bias)
         with _autograd_inside_op():
-            out = _forward(leaves[0], i, leaves[1], leaves[2], leaves[3], group, act)
+            out = _forward(leaves[0], i, leaves[1], leaves[2], leaves[3], group, act, biases, transposed)
             grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
         grads = [torch.zeros_like(leaf) if gr is None else gr for gr, leaf in zip(grads, leaves)]
         d_hidden.append(grads[0])
         d_weights.append(grads[1])
         # the first piece's expert-weight gradients are the sums' buffers (no zero-filled copy of the weights beside
         # them); later pieces add into them
-        d_gate_up = grads[2] if d_gate_up is None else d_gate_up.add_(grads[2])
-        d_down = grads[3] if d_down is None else d_down.add_(grads[3])
+        d_params = [new if old is None else old.add_(new) for old, new in zip(d_params, grads[2:])]
         del grads
-    return torch.cat(d_hidden).contiguous(), torch.cat(d_weights).contiguous(), d_gate_up, d_down
+    return [torch.cat(d_hidden).contiguous(), torch.cat(d_weights).contiguous(), *d_params]
+
+
+def _bias_leaves(leaves, gate_up_bias, down_bias) -> tuple:
+    """(gate_up's bias leaf or None, down's bias leaf or None) from the leaves made of the biases given."""
+    given = iter(leaves)
+    return tuple(next(given) if b is not None else None for b in (gate_up_bias, down_bias))
 
 
 @moe_experts_backward.register_fake
-def _moe_experts_backward_fake(grad, hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1):
-    return (torch.empty_like(hidden), torch.empty_like(top_k_weights), torch.empty_like(gate_up),
-            torch.empty_like(down))
+def _moe_experts_backward_fake(grad, hidden, top_k_index, top_k_weights, gate_up, down, group, act, chunks=1,
+                               gate_up_bias=None, down_bias=None, transposed=False):
+    return [torch.empty_like(t) for t in (hidden, top_k_weights, gate_up, down, gate_up_bias, down_bias)
+            if t is not None]
 
 
 def _setup(ctx, inputs, output):
-    hidden, top_k_index, top_k_weights, gate_up, down, ctx.group, ctx.act, ctx.chunks = inputs
-    ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up, down)
+    (hidden, top_k_index, top_k_weights, gate_up, down, ctx.group, ctx.act, ctx.chunks, gate_up_bias, down_bias,
+     ctx.transposed) = inputs
+    ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up, down, gate_up_bias, down_bias)
 
 
 def _backward(ctx, grad):
-    hidden, top_k_index, top_k_weights, gate_up, down = ctx.saved_tensors
-    dh, dw, dgu, dd = moe_experts_backward(grad.contiguous(), hidden, top_k_index, top_k_weights, gate_up, down,
-                                           ctx.group, ctx.act, ctx.chunks)
-    return dh, None, dw, dgu, dd, None, None, None
+    hidden, top_k_index, top_k_weights, gate_up, down, gate_up_bias, down_bias = ctx.saved_tensors
+    dh, dw, dgu, dd, *d_biases = moe_experts_backward(grad.contiguous(), hidden, top_k_index, top_k_weights, gate_up,
+                                                      down, ctx.group, ctx.act, ctx.chunks, gate_up_bias, down_bias,
+                                                      ctx.transposed)
+    dgub, ddb = _bias_leaves(d_biases, gate_up_bias, down_bias)
+    return dh, None, dw, dgu, dd, None, None, None, dgub, ddb, None
 
 
 moe_experts.register_autograd(_backward, setup_context=_setup)
 # under autocast: the experts' linears in the autocast dtype (their weights cast, the rows cast to them in
 # _local_experts), the weighted sum in the hidden states' dtype, as in Hugging Face's experts
-cast_under_autocast(torch.ops.autosp_ops.moe_experts.default, cast=(3, 4))  # gate_up, down
+cast_under_autocast(torch.ops.autosp_ops.moe_experts.default, cast=(3, 4, 8, 9))  # gate_up, down and their biases
 
 
 # --- Hugging Face integration ----------------------------------------------------------------------------
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """The ``ExpertsInterface`` function (``config._experts_implementation = "autosp_ep"``)."""
+    """The ``ExpertsInterface`` function (``config._experts_implementation = "autosp_ep"``). The biases and the
+    layout go as keywords (the MLP tiling pass sets ``chunks`` as one)."""
+    layout = {}
+    if getattr(self, "has_bias", False):
+        layout.update(gate_up_bias=self.gate_up_proj_bias, down_bias=self.down_proj_bias)
+    if getattr(self, "is_transposed", False):
+        layout["transposed"] = True
     return moe_experts(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj,
-                       getattr(self, "_autosp_ep_group", ""), self._autosp_act)
+                       getattr(self, "_autosp_ep_group", ""), self._autosp_act, **layout)
 
 
 def _register() -> None:
@@ -223,17 +291,32 @@ def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
     return found
 
 
+def _own_gate(module) -> bool:
+    """Does the module's class define its own ``_apply_gate`` (gpt-oss), rather than transformers' default?"""
+    from transformers.integrations.moe import _default_apply_gate
+
+    return getattr(type(module), "_apply_gate", _default_apply_gate) is not _default_apply_gate
+
+
 def _check_layout(name: str, module) -> None:
-    unsupported = [flag for flag, ok in (("has_bias", not getattr(module, "has_bias", False)),
-                                         ("is_transposed", not getattr(module, "is_transposed", False)),
-                                         ("has_gate=False", getattr(module, "has_gate", True)),
-                                         ("is_concatenated=False", getattr(module, "is_concatenated", True)),
-                                         ("has_post_expert_norm", not getattr(module, "has_post_expert_norm", False)))
-                   if not ok]
-    if unsupported or not isinstance(getattr(module, "config", None), object) or \
-            not isinstance(getattr(module.config, "hidden_act", None), str):
-        raise UsageError(f"the experts at {name} ({type(module).__name__}: {', '.join(unsupported) or 'no hidden_act'}) "
-                         f"are not the gated, bias-free layout autosp's expert op computes")
+    """Refuse, in one line, an experts module the op does not compute: ungated experts (an up projection and an
+    activation), a norm after each expert, a default gate on interleaved gate/up columns (transformers' default
+    gate splits [gate; up]), biases without their tensors, or no activation to name."""
+    has_bias = getattr(module, "has_bias", False)
+    unsupported = [flag for flag, ok in (
+        ("has_gate=False", getattr(module, "has_gate", True)),
+        ("has_post_expert_norm", not getattr(module, "has_post_expert_norm", False)),
+        ("is_concatenated=False with the default gate", getattr(module, "is_concatenated", True) or _own_gate(module)),
+        ("has_bias without gate_up_proj_bias / down_proj_bias",
+         not has_bias or all(isinstance(getattr(module, b, None), torch.nn.Parameter)
+                             for b in ("gate_up_proj_bias", "down_proj_bias"))),
+        ("no hidden_act", _own_gate(module) or isinstance(getattr(getattr(module, "config", None), "hidden_act", None),
+                                                           str)))
+        if not ok]
+    if unsupported:
+        raise UsageError(f"the experts at {name} ({type(module).__name__}: {', '.join(unsupported)}) are not a layout "
+                         f"autosp's expert op computes (gated experts, with or without biases, [gate; up] or the "
+                         f"module's own gate)")
 
 
 _EP_CLASSES: dict = {}
@@ -284,13 +367,14 @@ def prepare_experts(model: torch.nn.Module, ep: int) -> int:
         n_experts = module.gate_up_proj.shape[0]
         if n_experts % ep:
             raise UsageError(f"ep={ep} does not divide the {n_experts} experts of {name}")
-        module._autosp_act = module.config.hidden_act
+        module._autosp_act = gate_key(module) if _own_gate(module) else module.config.hidden_act
         configs.add(id(module.config))
         module.config._experts_implementation = IMPLEMENTATION
         if ep == 1:
             continue
         local = n_experts // ep
-        for attr in ("gate_up_proj", "down_proj"):
+        for attr in ("gate_up_proj", "down_proj", *(("gate_up_proj_bias", "down_proj_bias")
+                                                      if getattr(module, "has_bias", False) else ())):
             full = getattr(module, attr)
             param = torch.nn.Parameter(full.detach()[rank * local:(rank + 1) * local].clone(),
                                        requires_grad=full.requires_grad)

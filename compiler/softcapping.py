@@ -27,9 +27,11 @@ _LIB.define("capped_sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_ma
             "bool is_causal=False, float? scale=None, bool enable_gqa=False, float softcap=0.0) -> Tensor")
 
 
-def _capped_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-                 softcap=0.0):
-    """The eager computation (transformers' Gemma 2 ``eager_attention_forward``) with SDPA's arguments."""
+def eager_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                    softcap=0.0, sinks=None):
+    """Eager attention with SDPA's arguments, as transformers' eager functions compute it: Gemma 2's soft-capped
+    scores (``softcap``), gpt-oss's per-head sink logits joining each row's softmax as one more column, dropped
+    after it (``sinks``, compiler/sinks.py)."""
     if enable_gqa and key.shape[1] != query.shape[1]:
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -42,10 +44,21 @@ def _capped_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
         scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool, device=scores.device).triu(1), float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    if sinks is not None:
+        column = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, column], dim=-1)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if sinks is not None:
+        weights = weights[..., :-1]
     if dropout_p:
         weights = torch.nn.functional.dropout(weights, p=dropout_p)
     return torch.matmul(weights, value)
+
+
+def _capped_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                 softcap=0.0):
+    """The eager computation (transformers' Gemma 2 ``eager_attention_forward``) with SDPA's arguments."""
+    return eager_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap)
 
 
 _LIB.impl("capped_sdpa", _capped_sdpa, "CompositeImplicitAutograd")
@@ -65,6 +78,15 @@ def capped_attention_forward(module, query, key, value, attention_mask, dropout=
     """transformers attention implementation ``autosp_capped``: eager attention's arguments and result, as one
     ``capped_sdpa`` call shaped like transformers' own SDPA call (k/v repeated to the query heads, which the
     attention pass traces back; causal when no mask was built)."""
+    key, value, attention_mask, is_causal = sdpa_call_inputs(module, query, key, value, attention_mask)
+    out = CAPPED_SDPA(query, key, value, attention_mask, float(dropout), bool(is_causal), scaling, False,
+                      float(softcap or 0.0))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def sdpa_call_inputs(module, query, key, value, attention_mask):
+    """(key, value, mask, is_causal) as transformers' own SDPA call passes them: k/v repeated to the query heads
+    (the attention pass traces the repeat back), causal when no mask was built, a boolean mask cut to the keys."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
     groups = getattr(module, "num_key_value_groups", 1)
@@ -73,9 +95,7 @@ def capped_attention_forward(module, query, key, value, attention_mask, dropout=
     is_causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    out = CAPPED_SDPA(query, key, value, attention_mask, float(dropout), bool(is_causal), scaling, False,
-                      float(softcap or 0.0))
-    return out.transpose(1, 2).contiguous(), None
+    return key, value, attention_mask, is_causal
 
 
 def use_capped_attention(model) -> bool:
@@ -93,4 +113,5 @@ def use_capped_attention(model) -> bool:
     return True
 
 
-__all__ = ["CAPPED_SDPA", "IMPLEMENTATION", "capped_attention_forward", "softcap_of", "use_capped_attention"]
+__all__ = ["CAPPED_SDPA", "IMPLEMENTATION", "capped_attention_forward", "eager_attention", "sdpa_call_inputs",
+           "softcap_of", "use_capped_attention"]

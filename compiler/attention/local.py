@@ -5,13 +5,14 @@ batch whose rows may hold different packed documents: rows with the same documen
 group with the pieces of :func:`~.pieces.attention_pieces` for its documents and the layer's window. The
 pieces of a (block, block, documents, window) are cached: every layer of a step asks for the same ones.
 
-``autosp_ops::span_attention(q, k, v, scale, rule, window, softcap=0) -> (out, lse)``: what the attention pass puts in
-place of SDPA after the Ulysses all-to-all when the engine trains packed documents or a model with
-sliding windows (the ring op, :mod:`.ring`, takes the same two arguments). After the all-to-all the rank
-holds the whole sequence [0, S) for its heads, so document and window restrictions are local: no mask and
+``autosp_ops::span_attention(q, k, v, scale, rule, window, softcap=0, sinks=None) -> (out, lse)``: what the
+attention pass puts in place of SDPA after the Ulysses all-to-all when the engine trains packed documents or a
+model with sliding windows (the ring op, :mod:`.ring`, takes the same two arguments). After the all-to-all the
+rank holds the whole sequence [0, S) for its heads, so document and window restrictions are local: no mask and
 no communication; it also runs every soft-capped attention (Gemma 2: ``softcap`` > 0, which SDPA cannot do,
-:mod:`.capped`), documents and windows or not. ``rule`` names the engine whose published documents apply (:mod:`.documents`);
-``window`` is the layer's sliding window in tokens, 0 for none. q [B, Hq, S, d], k and v [B, Hkv, S, d]
+:mod:`.capped`), documents and windows or not, and every attention with sinks (gpt-oss: ``sinks``, the local
+heads' sink logits, merged once after the pieces, :mod:`.sinks`). ``rule`` names the engine whose published
+documents apply (:mod:`.documents`); ``window`` is the layer's sliding window in tokens, 0 for none. q [B, Hq, S, d], k and v [B, Hkv, S, d]
 (grouped-query natively), out in q's dtype, lse [B, Hq, S] float32. Backward:
 ``autosp_ops::span_attention_backward`` (flash-attention style, from the saved output and log-sum-exp).
 The kernels are the SDPA ones of :mod:`.kernels` (CPU flash attention; CUDA memory-efficient attention,
@@ -32,6 +33,7 @@ from autosp.compiler.attention.blockwise import block_backward, block_forward
 from autosp.compiler.attention.documents import published
 from autosp.compiler.attention.merge import empty_accumulators
 from autosp.compiler.attention.pieces import attention_pieces
+from autosp.compiler.attention.sinks import fold_sinks, sinks_grad
 
 
 @functools.lru_cache(maxsize=256)
@@ -79,20 +81,24 @@ def rule_documents(rule: str, batch: int):
 
 @torch.library.custom_op("autosp_ops::span_attention", mutates_args=())
 def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, rule: str,
-                   window: int, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   window: int, softcap: float = 0.0,
+                   sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     ops.CALLS["span_attention"] += 1
-    if flex_cuda.enabled(q) and not softcap:  # opt-in, untested: one FlexAttention call with a document block mask
+    # opt-in, untested: one FlexAttention call with a document block mask
+    if flex_cuda.enabled(q) and not softcap and sinks is None:
         return flex_cuda.flex_forward(q, k, v, scale, rule_documents(rule, q.shape[0]), window)
     spans = ((0, q.shape[2]),)
     acc = empty_accumulators(q, v.shape[-1])
     rows_forward(q, k.contiguous(), v.contiguous(), spans, spans, scale, rule_documents(rule, q.shape[0]), window,
                  acc, softcap)
     out, lse = acc
+    if sinks is not None:
+        fold_sinks(out, lse, sinks)
     return out.to(q.dtype), lse
 
 
 @span_attention.register_fake
-def _span_attention_fake(q, k, v, scale, rule, window, softcap=0.0):
+def _span_attention_fake(q, k, v, scale, rule, window, softcap=0.0, sinks=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -116,15 +122,17 @@ def _span_attention_backward_fake(dout, q, k, v, out, lse, scale, rule, window, 
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ctx.scale, ctx.rule, ctx.window, ctx.softcap = inputs
+    q, k, v, ctx.scale, ctx.rule, ctx.window, ctx.softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    # (out, lse) include the sinks: the pieces' flash backward from them is already the gradient with sinks
     dq, dk, dv = span_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.rule, ctx.window, ctx.softcap)
-    return dq, dk, dv, None, None, None, None
+    dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
+    return dq, dk, dv, None, None, None, None, dsinks
 
 
 span_attention.register_autograd(_backward, setup_context=_setup_context)

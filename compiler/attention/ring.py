@@ -1,10 +1,12 @@
 """Ring attention over the ring process group, as custom ops with autograd.
 
-``autosp_ops::ring_attention(q, k, v, scale, group, ranges, rule="", window=0, softcap=0) -> (out, lse)``: causal
+``autosp_ops::ring_attention(q, k, v, scale, group, ranges, rule="", window=0, softcap=0, sinks=None) -> (out,
+lse)``: causal
 attention of this ring position's query block over the key/value blocks of every ring position; with
 ``rule`` (an engine's published packed documents, :mod:`.documents`) only within each document, with
 ``window`` > 0 only over the last ``window`` tokens (:mod:`.pieces`: documents cross ring blocks freely), with
-``softcap`` > 0 on soft-capped scores (Gemma 2, :mod:`.capped`). q [B, Hq, n, d], k and v
+``softcap`` > 0 on soft-capped scores (Gemma 2, :mod:`.capped`), with ``sinks`` (gpt-oss: the local heads' sink
+logits) merged once after every block (:mod:`.sinks`). q [B, Hq, n, d], k and v
 [B, Hkv, n, d] (grouped-query: Hq a multiple of Hkv, any Hkv including 1); ``ranges`` the global token
 spans each ring position's block holds (:func:`~autosp.compiler.attention.layout.flat_ranges`), so the
 op knows, for every (query block, key block) pair, which pieces attend (full, causal diagonal, or
@@ -48,6 +50,7 @@ from autosp.compiler.autocast import cast_under_autocast
 from autosp.compiler.attention.layout import unflatten_ranges
 from autosp.compiler.attention.local import rows_backward, rows_forward, rule_documents
 from autosp.compiler.attention.merge import empty_accumulators
+from autosp.compiler.attention.sinks import fold_sinks, sinks_grad
 
 _KV_TAG, _DKV_TAG = 71, 72  # distinct tags: the k/v and dK/dV transfers between the same two ranks overlap
 
@@ -150,17 +153,19 @@ def ring_block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
 @torch.library.custom_op("autosp_ops::ring_attention", mutates_args=())
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, group: str,
                    ranges: list[int], rule: str = "", window: int = 0,
-                   softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   softcap: float = 0.0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     ops.CALLS["ring_attention"] += 1
     pg, size, rank, spans = _setup(q, k, group, ranges)
     acc = empty_accumulators(q, v.shape[-1])
     ring_block_forward(q, k, v, scale, pg, spans, spans, acc, rule_documents(rule, q.shape[0]), window, softcap)
     out, lse = acc
+    if sinks is not None:  # once, after every ring block's merge
+        fold_sinks(out, lse, sinks)
     return out.to(q.dtype), lse
 
 
 @ring_attention.register_fake
-def _ring_attention_fake(q, k, v, scale, group, ranges, rule="", window=0, softcap=0.0):
+def _ring_attention_fake(q, k, v, scale, group, ranges, rule="", window=0, softcap=0.0, sinks=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -184,16 +189,18 @@ def _ring_attention_backward_fake(dout, q, k, v, out, lse, scale, group, ranges,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ctx.scale, ctx.group, ctx.ranges, ctx.rule, ctx.window, ctx.softcap = inputs
+    q, k, v, ctx.scale, ctx.group, ctx.ranges, ctx.rule, ctx.window, ctx.softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
+    # (out, lse) include the sinks: the blocks' flash backward from them is already the gradient with sinks
     dq, dk, dv = ring_attention_backward(dout, q, k, v, out, lse, ctx.scale, ctx.group, list(ctx.ranges), ctx.rule,
                                          ctx.window, ctx.softcap)
-    return dq, dk, dv, None, None, None, None, None, None
+    dsinks = None if sinks is None else sinks_grad(dout, out, lse, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, dsinks
 
 
 ring_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -11,8 +11,10 @@ k and v are the model's n_kv heads (``repeat_kv`` peeled as below) and the ring 
 attention itself. Head counts need only divide by U, so P may exceed the number of heads.
 
 Packed documents and sliding windows (``ctx.rule`` set: the engine trains packed documents or the model
-has windowed layers), and soft-capped attention (Gemma 2's ``autosp_ops::capped_sdpa``,
-:mod:`autosp.compiler.softcapping`: its cap rides along as the ops' ``softcap``): after the rewrite each SDPA
+has windowed layers), soft-capped attention (Gemma 2's ``autosp_ops::capped_sdpa``,
+:mod:`autosp.compiler.softcapping`: its cap rides along as the ops' ``softcap``) and attention with sinks
+(gpt-oss's ``autosp_ops::sink_sdpa``, :mod:`autosp.compiler.sinks`: the ops get ``sinks``, this rank's heads'
+slice of the sink logits, :func:`_local_sinks`): after the rewrite each SDPA
 becomes ``autosp_ops::span_attention`` (Ulysses only;
 the rank holds the whole sequence for its heads, so documents and windows are a local restriction) or a
 ring attention given the rule; both read the batch's documents at run time
@@ -74,6 +76,7 @@ from autosp.compiler import ops
 from autosp.compiler.attention import local as _local_ops  # noqa: F401  (registers autosp_ops::span_attention)
 from autosp.compiler.attention import ring as _ring_ops  # noqa: F401  (registers autosp_ops::ring_attention)
 from autosp.compiler.context import SPContext
+from autosp.compiler.sinks import SINKS_ARG, sinks_of
 from autosp.compiler.softcapping import softcap_of
 from autosp.compiler.passes.common import (
     SDPA,
@@ -183,13 +186,14 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     ranks = "sequence-parallel ranks" if ctx.candidate.ring == 1 else "Ulysses ranks (sp_size / ring_size)"
     ulysses = ctx.candidate.ring == 1 or p > 1
     fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
-    capped = False
+    capped = sinks = False
     for node in list(graph.nodes):
         if not is_call(node, SDPA):
             continue
         if ctx.rule:  # read before the rewrite: the head pipeline's new SDPA calls have no module path
             node.meta["autosp_window"] = layer_window(node, ctx, fragment_layer)
         capped = capped or bool(softcap_of(node))
+        sinks = sinks or sinks_of(node) is not None
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"]:
             fail("internal: attention reached the attention pass with a mask", node)
@@ -222,20 +226,23 @@ def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
             fail(f"{n_kv} key/value heads are incompatible with {p} {ranks} (need "
                  f"n_kv % P == 0 or P % n_kv == 0)", node)
         local_q_heads, local_kv_heads = n_heads // p, n_kv * replicate // p
-        plan = _Layer(graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads)
+        plan = _Layer(graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads,
+                      first_head=(ctx.sp_rank % p) * local_q_heads)
         if ctx.candidate.overlap == "kv_async":
             _kv_async(plan)
         elif ctx.candidate.overlap == "head_pipeline" and min(HEAD_PIPELINE_CHUNKS, local_q_heads) > 1:
             _head_pipeline(plan, min(HEAD_PIPELINE_CHUNKS, local_q_heads))
         else:  # none (or a head pipeline of one group: nothing to pipeline)
             _blocking(plan)
+        if ctx.candidate.overlap in ("none", "kv_async") or min(HEAD_PIPELINE_CHUNKS, local_q_heads) == 1:
+            _local_sinks(plan, node, 0, local_q_heads)  # the node now attends this rank's heads
         if ctx.candidate.overlap != "none":
             ctx.stats.attention_overlapped += 1
         ctx.stats.attention += 1
     if ctx.candidate.ring > 1:
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _ring_attention(graph, node, ctx)
-    elif ctx.rule or capped:  # documents, windows, or soft-capped scores (which SDPA cannot compute)
+    elif ctx.rule or capped or sinks:  # documents, windows, soft-capped scores or sinks (which SDPA cannot do)
         for node in [n for n in graph.nodes if is_call(n, SDPA)]:
             _span_attention(graph, node, ctx)
     graph.eliminate_dead_code()
@@ -250,7 +257,8 @@ def _span_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
              "attention dropout to 0", node)
     with graph.inserting_before(node):
         span = graph.call_function(SPAN, (args["query"], args["key"], args["value"], args["scale"], ctx.rule or "",
-                                          node.meta.get("autosp_window", 0), softcap_of(node)))
+                                          node.meta.get("autosp_window", 0), softcap_of(node)),
+                                   {"sinks": sinks_of(node)} if sinks_of(node) is not None else {})
         out = graph.call_function(operator.getitem, (span, 0))
     for new in (span, out):
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
@@ -270,7 +278,8 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
         restriction = (ctx.rule or "", node.meta.get("autosp_window", 0), *((cap,) if cap else ())) \
             if ctx.rule or cap else ()
         ring = graph.call_function(RING, (args["query"], args["key"], args["value"], args["scale"], ctx.ring_group,
-                                          ctx.ring_ranges, *restriction))
+                                          ctx.ring_ranges, *restriction),
+                                   {"sinks": sinks_of(node)} if sinks_of(node) is not None else {})
         out = graph.call_function(operator.getitem, (ring, 0))
     for new in (ring, out):
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack",
@@ -283,11 +292,13 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
 class _Layer:
     """One SDPA call to rewrite and what the pass worked out about it."""
 
-    def __init__(self, graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads):
+    def __init__(self, graph, node, args, q, k_src, v_src, replicate, p, group, local_q_heads, local_kv_heads,
+                 first_head=0):
         self.graph, self.node, self.args = graph, node, args
         self.q, self.k_src, self.v_src, self.replicate = q, k_src, v_src, replicate
         self.p, self.group = p, group
         self.local_q_heads, self.local_kv_heads = local_q_heads, local_kv_heads
+        self.first_head = first_head  # the first of this rank's query heads after the all-to-all (its Ulysses rank's)
 
     def kv_input(self, src):
         """The kv tensor as it travels: replicated P/n_kv times when there are fewer kv heads than ranks."""
@@ -300,6 +311,21 @@ class _Layer:
         if "stack_trace" in self.node.meta:
             new.meta["stack_trace"] = self.node.meta["stack_trace"]
         return new
+
+
+def _local_sinks(plan: _Layer, node: fx.Node, lo: int, hi: int) -> None:
+    """Give a ``sink_sdpa`` node that attends this rank's local query heads ``lo:hi`` (after the all-to-all) the
+    same heads' slice of the sink logits. The parameter stays whole on every rank: its gradient is this rank's
+    heads' share in the slice and zero elsewhere, and the data-parallel sum over the SP group adds the shares."""
+    sinks = sinks_of(node)
+    if sinks is None:
+        return
+    with plan.graph.inserting_before(node):
+        local = plan.call(torch.narrow, (sinks, 0, plan.first_head + lo, hi - lo))
+    if len(node.args) > SINKS_ARG:
+        node.args = (*node.args[:SINKS_ARG], local, *node.args[SINKS_ARG + 1:])
+    else:
+        node.kwargs = {**node.kwargs, "sinks": local}
 
 
 def _blocking(plan: _Layer) -> None:
@@ -435,9 +461,11 @@ def _head_pipeline(plan: _Layer, chunks: int) -> None:
             q_lo, q_hi, kv_lo, kv_hi = groups[g]
             kv = received[kv_of[(kv_lo, kv_hi)]]
             cap = {"softcap": softcap_of(node)} if softcap_of(node) else {}
+            sinks = {"sinks": sinks_of(node)} if sinks_of(node) is not None else {}
             out = plan.call(node.target, (received[g]["q"], kv["k"], kv["v"]),
                             {"dropout_p": args["dropout_p"], "is_causal": True, "scale": args["scale"],
-                             "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo), **cap})
+                             "enable_gqa": (q_hi - q_lo) != (kv_hi - kv_lo), **cap, **sinks})
+            _local_sinks(plan, out, q_lo, q_hi)  # the group's heads' sinks
             out.meta["autosp_ulysses"] = True
             out.meta["autosp_head_group"] = g  # one layer's attention is several SDPA calls here
             if "autosp_window" in node.meta:

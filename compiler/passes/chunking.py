@@ -9,7 +9,8 @@ gives one layer index; under ZeRO-3 a fragment graph with attention and no index
 
 - the region's one attention node (SDPA, ``autosp_ops::ring_attention``, or ``autosp_ops::span_attention``
   for packed documents and sliding windows) becomes a call of :func:`~autosp.compiler.chunked_layer.attend`;
-  the ring and span ops' document rule and window ride along into the chunk pairs' attention;
+  the ring and span ops' document rule and window ride along into the chunk pairs' attention, their sinks
+  (gpt-oss) into ``attend``;
 - the values the region reads from outside are classified: parameters (graph inputs that are
   ``nn.Parameter``, attributes) go in whole; activations with the local sequence length at dim -2 (the
   hidden states [B, s, h], the rotary tables [B, s, d]) are chunked along it; activations without the
@@ -124,19 +125,20 @@ _SPAN_ARGS = ("query", "key", "value", "scale", "rule", "window", "softcap")
 
 
 def _attention_args(node: fx.Node):
-    """(q, k, v, scale, returns_lse, rule, window, softcap) of an SDPA, ring- or span-attention node (``rule``: the
-    engine whose packed documents apply, "" for none; ``window``: the layer's sliding window, 0 for none;
-    ``softcap``: Gemma 2's attention logit cap, 0 for none)."""
+    """(q, k, v, scale, returns_lse, rule, window, softcap, sinks) of an SDPA, ring- or span-attention node
+    (``rule``: the engine whose packed documents apply, "" for none; ``window``: the layer's sliding window, 0 for
+    none; ``softcap``: Gemma 2's attention logit cap, 0 for none; ``sinks``: gpt-oss's local sink logits, a node,
+    or None)."""
     if is_call(node, SDPA):
         args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
         if args["attn_mask"] is not None or not args["is_causal"] or args["dropout_p"]:
             fail("sequence_chunks needs causal attention without a mask or dropout (the mask pass makes it so for "
                  "causal models); re-plan with sequence_chunks=1", node)
-        return args["query"], args["key"], args["value"], args["scale"], False, "", 0, 0.0
+        return args["query"], args["key"], args["value"], args["scale"], False, "", 0, 0.0, None
     names = _SPAN_ARGS if is_call(node, {torch.ops.autosp_ops.span_attention.default}) else _RING_ARGS
-    args = normalized(node, names, {"rule": "", "window": 0, "softcap": 0.0})
+    args = normalized(node, (*names, "sinks"), {"rule": "", "window": 0, "softcap": 0.0, "sinks": None})
     return (args["query"], args["key"], args["value"], args["scale"], True, args["rule"], args["window"],
-            args["softcap"])
+            args["softcap"], args["sinks"])
 
 
 def _the_attention(graph: fx.Graph, ctx: SPContext, region: list) -> fx.Node:
@@ -215,14 +217,14 @@ def _region_program(gm: fx.GraphModule, region: list, inputs: tuple, attn: fx.No
     """The region over a chunk of ``length`` tokens: every size argument equal to s becomes ``length``."""
     from autosp.compiler.chunked_layer import attend
 
-    q, k, v = qkv
+    q, k, v, sinks = qkv
     sub = fx.Graph()
     env = {}
     for node in inputs:
         env[node] = sub.placeholder(node.name)
     for node in region:
         if node is attn:
-            env[node] = sub.call_function(attend, (env[q], env[k], env[v]))
+            env[node] = sub.call_function(attend, (env[q], env[k], env[v], *((env[sinks],) if sinks else ())))
             continue
         copy = sub.node_copy(node, lambda n: env[n])
         if positions.get(node) and length != s:
@@ -264,13 +266,13 @@ def _chunk_layer(gm: fx.GraphModule, ctx: SPContext, region: list, params: set, 
 
     s = ctx.local_len
     attn = _the_attention(gm.graph, ctx, region)
-    q, k, v, scale, returns_lse, rule, window, softcap = _attention_args(attn)
+    q, k, v, scale, returns_lse, rule, window, softcap, sinks = _attention_args(attn)
     external, chunked, consts, weights, chunk_dims = _layer_inputs(region, params, s, attn)
     outputs, out_specs = _layer_outputs(region, s)
     positions = _size_positions(region, s)
     cand = ctx.candidate
     program = LayerProgram(
-        graph={length: _region_program(gm, region, (*chunked, *consts, *weights), attn, (q, k, v), outputs,
+        graph={length: _region_program(gm, region, (*chunked, *consts, *weights), attn, (q, k, v, sinks), outputs,
                                        positions, s, length)
                for length in set(chunk_sizes(s, cand.sequence_chunks))},
         chunk_dims=chunk_dims, outputs=out_specs,

@@ -11,10 +11,12 @@ from torch import fx
 
 from autosp.errors import UsageError
 
+from autosp.compiler.sinks import SINK_SDPA  # noqa: E402  (registers autosp_ops::sink_sdpa)
 from autosp.compiler.softcapping import CAPPED_SDPA  # noqa: E402  (registers autosp_ops::capped_sdpa)
 
-# SDPA, and Gemma 2's soft-capped attention with SDPA's signature plus ``softcap`` (compiler/softcapping.py)
-SDPA = {torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention, CAPPED_SDPA}
+# SDPA, Gemma 2's soft-capped attention with SDPA's signature plus ``softcap`` (compiler/softcapping.py) and
+# gpt-oss's attention with SDPA's signature plus ``sinks`` (compiler/sinks.py)
+SDPA = {torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention, CAPPED_SDPA, SINK_SDPA}
 CROSS_ENTROPY = {F.cross_entropy}
 NLL_LOSS = {F.nll_loss}
 LOG_SOFTMAX = {F.log_softmax, torch.log_softmax}

@@ -3,7 +3,7 @@ every expert's size."""
 
 import torch
 
-from autosp.compiler.experts import _local_experts
+from autosp.compiler.experts import _gate, _local_experts
 
 
 def _case(dtype=torch.float64):
@@ -32,14 +32,14 @@ def test_the_expert_weights_are_split_once_so_their_gradients_are_stacked_once()
     """Indexing gate_up[e] per expert put a SelectBackward on every expert: each made a zero tensor of all the
     experts' size in the backward, added up one by one (E passes over the layer's expert weights)."""
     x, expert, gate_up, down = _case()
-    out = _local_experts(x, expert, gate_up, down, torch.nn.functional.silu)
+    out = _local_experts(x, expert, gate_up, down, _gate("silu"))
     names = _graph_names(out.grad_fn)
     assert "UnbindBackward0" in names and "SelectBackward0" not in names
 
 
 def test_the_experts_gradients_equal_a_per_row_reference_and_are_zero_for_experts_without_rows():
     x, expert, gate_up, down = _case()
-    out = _local_experts(x, expert, gate_up, down, torch.nn.functional.silu)
+    out = _local_experts(x, expert, gate_up, down, _gate("silu"))
     weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
     got = torch.autograd.grad((out * weight).sum(), (x, gate_up, down))
     ref_out = []
