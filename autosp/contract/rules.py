@@ -215,9 +215,9 @@ def _valid(names: tuple[str, ...], choices: tuple[tuple, ...]) -> frozenset:
 
 def _coupled(choices: dict) -> list[tuple[tuple[int, ...], frozenset]]:
     """(positions in ``choices``' order, valid value tuples) of each coupled set of ``choices``' knobs."""
-    names = tuple(choices)
-    return [(tuple(names.index(n) for n in members), valid)
-            for members, valid in _coupled_sets(tuple((n, tuple(choices[n])) for n in names if n in NAMES))]
+    position = {name: i for i, name in enumerate(choices)}
+    return [(tuple(position[n] for n in members), valid)
+            for members, valid in _coupled_sets(tuple((n, tuple(choices[n])) for n in choices if n in NAMES))]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -65,7 +65,12 @@ def shape_key(shape: dict) -> tuple:
     """What the rules of the knob table read of a shape group's ``shape`` (the knobs that are not rows: sp, ring,
     sequence chunks, ...): per rule, its test's verdict where it reads the shape alone, else the shape's values it
     reads. Groups with the same key and row choices have the same :func:`rule_mask`."""
-    rows = set(bulk.ROW_KNOBS)
+    return _shape_key(tuple(shape.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_key(items: tuple) -> tuple:
+    shape, rows = dict(items), set(bulk.ROW_KNOBS)
     return tuple(rule.holds(shape) if rule.knob not in rows
                  else rule.test(*(shape[n] for n in rule.reads)) if not rows & set(rule.reads)
                  else tuple((n, shape[n]) for n in rule.reads if n not in rows)
