@@ -314,10 +314,11 @@ def _state_dict(ds, inner, keys: list, scalars: dict, rank: int, world: int) -> 
     """This rank's DCP state dict ({key: its fragment, or bytes}) and the fragments' places ({key: (numel,
     offset)})."""
     from autosp.compiler.training.checkpoint_read import rng_key
-    from autosp.compiler.training.engine_fragments import parts, saved_tensors
+    from autosp.compiler.training.engine_fragments import parts, replicated_masters, saved_tensors
 
     state, fragments = {}, {}
-    for part in parts(named_parameters(ds.module), rank, world, loading=False):
+    masters = replicated_masters(ds.optimizer)
+    for part in parts(named_parameters(ds.module), rank, world, loading=False, masters=masters):
         if part.length == 0:
             continue
         for key, tensor in saved_tensors(part, inner, keys).items():
@@ -505,7 +506,7 @@ def load_engine_checkpoint(engine, directory: str, *, load_optimizer: bool = Tru
     when the world size is unchanged, this rank's RNG states. Returns the checkpoint's ``meta``
     (``meta['client_state']`` is what the caller saved). Collective (every rank calls it)."""
     from autosp.compiler.training.checkpoint_read import Reader, rng_key
-    from autosp.compiler.training.engine_fragments import finish_load, parts, prepare_load
+    from autosp.compiler.training.engine_fragments import finish_load, parts, prepare_load, replicated_masters
 
     meta = read_meta(directory)
     ds = engine.ds_engine
@@ -519,7 +520,8 @@ def load_engine_checkpoint(engine, directory: str, *, load_optimizer: bool = Tru
     prepare_load(ds)
     problem, objects = None, {}
     try:
-        _load_parts(reader, parts(named_parameters(ds.module), rank, world, loading=True), inner, keys, meta)
+        mine = parts(named_parameters(ds.module), rank, world, loading=True, masters=replicated_masters(ds.optimizer))
+        _load_parts(reader, mine, inner, keys, meta)
         objects = reader.objects(["engine", rng_key(rank)])
         if "engine" not in objects:
             raise KeyError("no engine state")
@@ -536,26 +538,23 @@ def load_engine_checkpoint(engine, directory: str, *, load_optimizer: bool = Tru
 
 
 def _load_parts(reader, all_parts, inner, keys, meta) -> None:
-    """Read this rank's fragments, a group of about LOAD_BYTES at a time, and write them into the engine."""
-    import torch
-
-    from autosp.compiler.training.engine_fragments import apply_loaded
+    """Read this rank's ranges, a group of about LOAD_BYTES at a time (in place where the engine's storage allows,
+    :func:`~.engine_fragments.load_targets`), and hand them to the engine."""
+    from autosp.compiler.training.engine_fragments import apply_loaded, load_targets
 
     group, size = [], 0
 
     def flush():
-        wants, values = {}, []
+        wants, loaded = {}, []
         for part in group:
-            mine = {}
-            names = ["weight", *(keys if part.trainable and meta["params"][part.name].get("trainable", True)
-                                 else ())]
-            for key in names:
-                mine[key] = torch.empty(part.length, dtype=torch.float32)
-                wants[f"{key}/{part.name}"] = (part.numel, part.offset, mine[key])
-            values.append((part, mine))
+            saved_states = meta["params"][part.name].get("trainable", True)
+            targets = load_targets(part, inner, keys if saved_states else ())
+            for key, target in targets.items():
+                wants[f"{key}/{part.name}"] = (part.numel, part.offset, target)
+            loaded.append((part, targets))
         reader.fill(wants)
-        for part, mine in values:
-            apply_loaded(part, inner, mine)
+        for part, targets in loaded:
+            apply_loaded(part, inner, targets)
 
     for part in all_parts:
         if part.length == 0:

@@ -60,7 +60,8 @@ class Reader:
             tensor = handles[file].get_tensor(key).reshape(-1)
             if tensor.numel() != numel:
                 raise ValueError(f"{key} has {tensor.numel()} elements in the checkpoint and {numel} here")
-            buffer.copy_(tensor[offset:offset + buffer.numel()])
+            with torch.no_grad():
+                buffer.copy_(tensor[offset:offset + buffer.numel()])
 
     # -- objects -----------------------------------------------------------------------------------------
     def objects(self, keys) -> dict:

@@ -13,9 +13,10 @@ Every parameter is seen flattened (``numel`` elements); a rank's part is the ran
   its length; none when the parameter lies wholly in other ranks' pieces), read and written through the mapping's
   views of the fp32 master (``get_hp_fragment()``) and of each optimizer state (``get_hp_fragment(key)``). The
   replicated working weights are refreshed from the masters after a load (``update_lp_params``: one all-gather).
-- Replicated (ZeRO-0 in fp32, where the parameter is its own master, and frozen parameters below ZeRO-3): every
-  rank holds all of it. A save splits the range evenly, so that every rank writes about 1/world of the bytes
-  (:func:`even_range`); a load reads the whole tensor on every rank.
+- Replicated (ZeRO-0, and frozen parameters below ZeRO-3): every rank holds all of it. Its fp32 master is the
+  parameter itself in fp32; in bf16, DeepSpeed's ``FP16_UnfusedOptimizer`` keeps an fp32 copy of each parameter
+  and the optimizer's states under that copy (:func:`replicated_masters`). A save splits the range evenly, so that
+  every rank writes about 1/world of the bytes (:func:`even_range`); a load reads the whole tensor on every rank.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Part", "apply_loaded", "even_range", "finish_load", "parts", "prepare_load", "saved_tensors"]
+__all__ = ["Part", "apply_loaded", "even_range", "finish_load", "load_targets", "parts", "prepare_load",
+           "replicated_masters", "saved_tensors"]
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Part:
     offset: int
     length: int
     trainable: bool
+    master: torch.Tensor | None = None  # replicated: the fp32 master (the parameter itself in fp32)
 
 
 def even_range(numel: int, rank: int, world: int) -> tuple[int, int]:
@@ -55,9 +58,22 @@ def _zero3_range(param) -> tuple[int, int]:
     return start, min(param.ds_numel, start + size) - start
 
 
-def parts(named, rank: int, world: int, *, loading: bool) -> list[Part]:
+def replicated_masters(optimizer) -> dict[int, torch.Tensor]:
+    """{id(parameter): its fp32 master copy} under DeepSpeed's ``FP16_UnfusedOptimizer`` (bf16 at ZeRO-0 with a
+    torch optimizer), whose inner optimizer holds the copies and keys its states by them; empty otherwise."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if not isinstance(optimizer, FP16_UnfusedOptimizer):
+        return {}
+    return {id(p): master for low, high in zip(optimizer.fp16_groups, optimizer.fp32_groups)
+            for p, master in zip(low, high)}
+
+
+def parts(named, rank: int, world: int, *, loading: bool, masters: dict | None = None) -> list[Part]:
     """This rank's :class:`Part` of every parameter in ``named`` ((name, parameter) pairs). Replicated parameters:
-    an even share when saving, the whole tensor when ``loading``."""
+    an even share when saving, the whole tensor when ``loading``; their fp32 masters from ``masters``
+    (:func:`replicated_masters`), else the parameter itself."""
+    masters = masters or {}
     out = []
     for name, p in named:
         if hasattr(p, "ds_id"):
@@ -71,7 +87,8 @@ def parts(named, rank: int, world: int, *, loading: bool) -> list[Part]:
         else:
             kind, numel = "replicated", p.numel()
             offset, length = (0, numel) if loading else even_range(numel, rank, world)
-        out.append(Part(name, p, kind, numel, offset, length, bool(p.requires_grad)))
+        out.append(Part(name, p, kind, numel, offset, length, bool(p.requires_grad),
+                        masters.get(id(p), p) if kind == "replicated" else None))
     return out
 
 
@@ -99,9 +116,9 @@ def saved_tensors(part: Part, inner, keys) -> dict[str, torch.Tensor]:
         for key in keys:
             out[key] = mapping.get_hp_fragment(key).reshape(-1)
         return out
-    out = {"weight": _flat(p, part).float()}
+    out = {"weight": _flat(part.master, part).float()}
     for key in keys:
-        out[key] = _flat(inner.state[p][key], part)
+        out[key] = _flat(inner.state[part.master][key], part)
     return out
 
 
@@ -114,10 +131,30 @@ def prepare_load(ds) -> None:
         prologue()
 
 
+def load_targets(part: Part, inner, keys) -> dict[str, torch.Tensor]:
+    """{"weight" | state key: the 1-D fp32 tensor a load reads ``part``'s range into}: the engine's own storage
+    where it is a plain fp32 view (ZeRO-1/2's fragments of the fp32 masters and states, an fp32 replicated
+    parameter and its states), else a new buffer that :func:`apply_loaded` hands to DeepSpeed's setters (ZeRO-3,
+    whose partitions may live in host memory or on NVMe) or casts into the parameter."""
+    p = part.param
+    names = ["weight", *(keys if part.trainable else ())]
+    if part.kind == "hp":  # (detached: the flat fp32 partition is a leaf that requires grad)
+        return {key: p._hp_mapping.get_hp_fragment(None if key == "weight" else key).detach().reshape(-1)
+                for key in names}
+    if part.kind == "replicated":
+        out = {}
+        for key in names:
+            target = (part.master if key == "weight" else inner.state[part.master][key]).detach()
+            usable = target.dtype == torch.float32 and target.is_contiguous()
+            out[key] = target.view(-1) if usable else torch.empty(part.length, dtype=torch.float32)
+        return out
+    return {key: torch.empty(part.length, dtype=torch.float32) for key in names}
+
+
 def apply_loaded(part: Part, inner, values: dict[str, torch.Tensor]) -> None:
-    """Write a part's loaded fragments (``values``: {"weight" | state key: 1-D fp32 tensor of ``part.length``})
-    into the engine: the fp32 master, the optimizer states and, at ZeRO-3 and for replicated parameters, the
-    working weight (ZeRO-1/2 refresh theirs in :func:`finish_load`)."""
+    """Hand a part's loaded ranges (``values``, from :func:`load_targets`) to the engine where they were not read
+    in place: ZeRO-3's fp32 master, optimizer states and working weight through DeepSpeed's local setters, and a
+    replicated parameter kept in another dtype (ZeRO-1/2 refresh their working weights in :func:`finish_load`)."""
     p = part.param
     with torch.no_grad():
         if part.kind == "zero3":
@@ -125,7 +162,9 @@ def apply_loaded(part: Part, inner, values: dict[str, torch.Tensor]) -> None:
 
             size = p.ds_tensor.numel()
 
-            def padded(value):  # the accessors take the whole partition, DeepSpeed's padding included
+            def padded(value):  # the setters take the whole partition, DeepSpeed's padding of the last included
+                if value.numel() == size:
+                    return value
                 full = torch.zeros(size, dtype=torch.float32, device=value.device)
                 full[:part.length] = value
                 return full
@@ -137,14 +176,13 @@ def apply_loaded(part: Part, inner, values: dict[str, torch.Tensor]) -> None:
             for key, value in values.items():
                 if key != "weight":
                     safe_set_local_optimizer_state(p, padded(value), key)
-        elif part.kind == "hp":
-            mapping = p._hp_mapping
+        elif part.kind == "replicated":
             for key, value in values.items():
-                mapping.get_hp_fragment(None if key == "weight" else key).data.copy_(value)
-        else:
-            for key, value in values.items():
-                target = p if key == "weight" else inner.state[p][key]
-                target.data.copy_(value.view(target.shape))
+                target = part.master.data if key == "weight" else inner.state[part.master][key]
+                if value.data_ptr() != target.data_ptr():
+                    target.copy_(value.view(target.shape))
+            if part.master is not p:  # the bf16 working weight from its fp32 master
+                p.data.copy_(part.master.data.view(p.shape))
 
 
 def finish_load(ds) -> None:

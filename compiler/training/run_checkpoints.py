@@ -28,7 +28,8 @@ SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "checkpoints (any plan resumes any other's; format: compiler/README.md in the source)")
+        "checkpoints (every rank writes its part; any plan resumes any other's; format: docs/checkpoints.md in "
+        "the source)")
     group.add_argument("--save-dir", metavar="DIR",
                        help="save checkpoints under DIR (DIR/step-N/, DIR/latest), every --save-every steps, at the "
                             "last step and on SIGTERM/SIGINT; written atomically")

@@ -26,7 +26,7 @@ __all__ = ["LATEST", "check_save_dir", "checkpoint_bytes", "complete_checkpoints
 LATEST = "latest"
 _STEP = re.compile(r"^step-(\d{8,})$")
 ADAM_STATES = 2  # exp_avg and exp_avg_sq next to the fp32 weight: what torch's and DeepSpeed's Adam keep
-HEADROOM = 1.05  # safetensors headers, the RNG and engine files, meta.json
+HEADROOM = 1.05  # DCP's per-tensor headers, .metadata, the RNG and engine states, meta.json
 
 
 def step_dir(save_dir: str, step: int) -> str:

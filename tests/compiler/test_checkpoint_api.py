@@ -4,7 +4,8 @@ One spawned run: tiny Hugging Face Llama and Qwen2 and the reference Llama train
 saved (DCP's layout: ``.metadata`` and one ``__R_0.distcp`` per rank), exported to a Hugging Face directory;
 ``from_pretrained`` gives the engine's loss on a batch (fp32, 1e-5). Checkpoints loaded into engines under other
 plans continue with the losses of the uninterrupted run (<= 1e-6 relative): SP=2 ZeRO-0 (saved asynchronously
-while the run went on) into SP=2 ring 2 ZeRO-3 and SP=1 x DP=2 ZeRO-1, SP=2 ZeRO-3 into SP=1 x DP=2 ZeRO-0. A
+while the run went on) into SP=2 ring 2 ZeRO-3 and SP=1 x DP=2 ZeRO-1, SP=2 ZeRO-3 into SP=1 x DP=2 ZeRO-0, bf16
+ZeRO-0 (fp32 master copies beside the parameters) into bf16 ZeRO-3. A
 checkpoint of format version 1 (safetensors, what autosp wrote before DCP) loads and continues a plain torch run.
 A full disk (a rank's writes fail with ENOSPC) is one error on every rank, nothing published, the earlier
 checkpoint intact.
@@ -53,12 +54,12 @@ def _batches(n, rows=2, vocab=96):
     return [torch.randint(0, vocab, (rows, SEQ), generator=gen) for _ in range(n)]
 
 
-def _engine(model, **plan):
+def _engine(model, dtype="fp32", **plan):
     import torch
 
     import autosp
 
-    return autosp.compile(model, dtype="fp32", backend="aot_eager",
+    return autosp.compile(model, dtype=dtype, backend="aot_eager",
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **plan)
 
 
@@ -120,6 +121,17 @@ def _checks(rank, world, tmp):
         meta = other.load_checkpoint(source)
         losses = _train(other, batches[2:4])
         out[f"resume {name}"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), meta["step"])
+
+    # bf16 at ZeRO-0 (DeepSpeed keeps an fp32 copy of each parameter, the optimizer's states under it) into
+    # bf16 at ZeRO-3
+    bf16 = _engine(_hf_model("llama", 1), sp_size=2, zero_stage=0, micro_batch=2, dtype="bf16")
+    _train(bf16, batches[:2])
+    path = bf16.save_checkpoint(os.path.join(tmp, "bf16-z0"))
+    ref = _train(bf16, batches[2:4])
+    other = _engine(_hf_model("llama", 99), sp_size=2, zero_stage=3, micro_batch=2, dtype="bf16")
+    other.load_checkpoint(path)
+    losses = _train(other, batches[2:4])
+    out["resume bf16 z0 -> z3"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), 2)
 
     out["version 1"] = _version_1_checkpoint(rank, tmp, batches)
 
@@ -213,7 +225,7 @@ def test_checkpoint_roundtrip_export_and_full_disk(tmp_path):
         # DCP's layout: its .metadata and one data file per rank, beside autosp's meta.json
         files = [f for f in result[f"files {family}"] if f != "config.json"]  # the reference Llama has none
         assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.json"], (family, files)
-    for name in ("ring2 z3", "sp1 dp2 z1", "z3 -> sp1 dp2 z0"):
+    for name in ("ring2 z3", "sp1 dp2 z1", "z3 -> sp1 dp2 z0", "bf16 z0 -> z3"):
         err, step = result[f"resume {name}"]
         assert step == 2 and err <= RESUME_TOL, (name, err)
     assert result["version 1"] <= TOL
