@@ -193,6 +193,7 @@ def _version_1_checkpoint(rank, tmp, batches):
                 tensors[f"{key}/{name}"] = opt.state[p][key].clone()
             params[name] = {"shape": list(p.shape), "shard": "shard-00000.safetensors"}
         save_file(tensors, os.path.join(path, "shard-00000.safetensors"))
+        model.config.to_json_file(os.path.join(path, "config.json"))
         group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
         torch.save({"param_groups": [group], "scalars": {"step": 2.0}, "lr_scheduler": None,
                     "counters": {"global_steps": 2, "global_samples": 4, "micro_steps": 2, "skipped_steps": 0}},
@@ -204,11 +205,19 @@ def _version_1_checkpoint(rank, tmp, batches):
         with open(os.path.join(path, "meta.json"), "w") as f:
             json.dump(meta, f)
     dist.barrier()
+    exported = None
+    if rank == 0:  # autosp-export reads format 1 too: the torch run's weights after its 2 steps
+        import transformers
+
+        from autosp.compiler.training.export import export_hf
+
+        hf = transformers.AutoModelForCausalLM.from_pretrained(export_hf(path, os.path.join(tmp, "hf-version-1")))
+        exported = max((a - b).abs().max().item() for a, b in zip(hf.parameters(), model.parameters()))
     expected = [step(ids) for ids in batches[2:4]]
     engine = _engine(_hf_model("llama", 99), sp_size=2, zero_stage=1, micro_batch=2)
     engine.load_checkpoint(path)
     losses = _train(engine, batches[2:4])
-    return max(abs(a - b) / abs(b) for a, b in zip(losses, expected))
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, expected)), exported
 
 
 @pytest.mark.slow
@@ -228,7 +237,8 @@ def test_checkpoint_roundtrip_export_and_full_disk(tmp_path):
     for name in ("ring2 z3", "sp1 dp2 z1", "z3 -> sp1 dp2 z0", "bf16 z0 -> z3"):
         err, step = result[f"resume {name}"]
         assert step == 2 and err <= RESUME_TOL, (name, err)
-    assert result["version 1"] <= TOL
+    resumed, exported = result["version 1"]
+    assert resumed <= TOL and exported == 0.0, result["version 1"]
     assert "No space left on device" in result["enospc"] and "\n" not in result["enospc"]
     assert result["enospc left"] == []
     assert result["intact"] == 2

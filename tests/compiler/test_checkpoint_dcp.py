@@ -60,6 +60,14 @@ def test_fragments_written_by_2_ranks_read_under_any_layout(tmp_path):
                     assert torch.equal(buffer, expected), (world, rank, layout.__name__, key)
     assert reader.objects(["rng/rank-00001", "rng/rank-00007"]) == {"rng/rank-00001": {"rank": 1}}
 
+    # a data file overwritten in place (same size, so meta.json's size check passes): the read fails with one
+    # line, not DCP's per-rank tracebacks
+    data = tmp_path / "ckpt" / "__1_0.distcp"
+    data.write_bytes(bytes(data.stat().st_size))
+    with pytest.raises(ValueError) as info:
+        reader.fill({"weight/b": (7, 0, torch.empty(7))})
+    assert "\n" not in str(info.value), str(info.value)
+
 
 def _zero3(numel, rank, world):
     """DeepSpeed ZeRO-3's partition: ceil(numel / world) per rank, the last cut at numel."""
