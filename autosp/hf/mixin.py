@@ -20,7 +20,7 @@ What the Trainer is told:
   the logged ``loss`` is the step's true token-weighted mean and gradient accumulation is token-weighted as in
   transformers >= 4.46.
 - evaluation returns the loss only (no logits: under SP each rank holds a shard of them), not gathered across
-  ranks (each holds the same global value) and weighted by the batch's rows (:meth:`_sp_gather_loss`).
+  ranks (each holds the same global value) and weighted by the batch's examples (:meth:`_sp_gather_loss`).
 """
 
 from __future__ import annotations
@@ -38,15 +38,20 @@ _DERIVED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "s
 
 class _Target:
     """What the SP runtime calls: the Trainer's (wrapped) model of the current step. Gives the runtime the
-    innermost model (its forward's signature) and the device."""
+    innermost model (its forward's signature) and the device; ``observe(output, inputs)``, when set, sees the
+    model's output of this rank's shard and the shard's inputs (the SFTTrainer's token metrics)."""
 
     def __init__(self, module, device):
         self.module = module
         self.device = device
         self.call = None
+        self.observe = None
 
     def __call__(self, **inputs):
-        return self.call(**inputs)
+        out = self.call(**inputs)
+        if self.observe is not None:
+            self.observe(out, inputs)
+        return out
 
 
 def innermost(model):
@@ -278,15 +283,23 @@ class SPTrainerMixin:
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
             loss = self._sp_loss(model, inputs)
-        self._sp_eval_rows = int(inputs["input_ids"].shape[0])
+        self._sp_eval_rows = self._eval_batch_examples()
         return loss.detach(), None, None
+
+    def _eval_batch_examples(self) -> int:
+        """The dataset examples in this evaluation batch as the one-process loop weighs it: the batch size, or
+        at the end of the data the remainder Accelerate's gather_for_metrics keeps. Not the batch's rows: a
+        padding-free batch (TRL's) is one row of all its examples."""
+        state = self.accelerator.gradient_state
+        if state.end_of_dataloader and state.remainder > 0:
+            return state.remainder
+        return self.args.eval_batch_size * self._sp_candidate.dp
 
     def _sp_gather_loss(self, losses):
         """The evaluation loop's gather of ``loss.repeat(eval_batch_size)``: every rank holds the same global
         loss of the same whole batch, so nothing is gathered (Accelerate's gather would count it once per
-        rank, and without a prepared dataloader it cannot drop the last batch's repeats past the data), and
-        the loss is weighted by the batch's rows: eval_loss is the example-weighted mean of each batch's token
-        mean, as the one-process Trainer computes it."""
+        rank), and the loss is weighted by the batch's examples: eval_loss is the example-weighted mean of each
+        batch's token mean, as the one-process Trainer computes it."""
         return losses[:1].repeat(self._sp_eval_rows)
 
     def evaluation_loop(self, *args, **kwargs):

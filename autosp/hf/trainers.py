@@ -17,9 +17,19 @@ class Trainer(SPTrainerMixin, transformers.Trainer):
 def _sft_trainer():
     import trl
 
+    from autosp.hf.token_metrics import TokenSums, record
+
     class SFTTrainer(SPTrainerMixin, trl.SFTTrainer):
         """A ``trl.SFTTrainer`` that trains the model sequence-parallel through autosp (packing and
-        padding-free batches included: documents attend only within themselves)."""
+        padding-free batches included: documents attend only within themselves), logging TRL's token metrics."""
+
+        def _sp_loss(self, model, inputs):
+            """The micro-batch's loss, and TRL's metrics of it over the whole sequence (token_metrics.py)."""
+            mode = "train" if self.model.training else "eval"
+            with TokenSums(ignore_index=-100).observing(self._sp_target) as seen:
+                loss = super()._sp_loss(model, inputs)
+            record(self, mode, seen, inputs)
+            return loss
 
     SFTTrainer.__module__ = __name__
     return SFTTrainer

@@ -64,12 +64,22 @@ def capped(logits: torch.Tensor, softcap: float) -> torch.Tensor:
     return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
+def _loss_logits(hidden, weight, bias, upcast: bool, softcap: float) -> torch.Tensor:
+    """The logits the cross-entropy reads: ``hidden @ W.T + b``, soft-capped, upcast if the model did."""
+    logits = capped(F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias), softcap)
+    return logits.float() if upcast else logits
+
+
 def loss_reference(hidden, weight, bias, target, ignore_index: int, upcast: bool, softcap: float = 0.0) -> torch.Tensor:
     """The untiled computation: sum of the token cross-entropies of ``hidden @ W.T + b`` (soft-capped first)."""
-    logits = capped(F.linear(hidden.reshape(-1, hidden.shape[-1]), weight, bias), softcap)
-    if upcast:
-        logits = logits.float()
+    logits = _loss_logits(hidden, weight, bias, upcast, softcap)
     return F.cross_entropy(logits, target.reshape(-1), ignore_index=ignore_index, reduction="sum")
+
+
+# Callables ``observe(logits, target, ignore_index)`` given each chunk's logits (as the loss reads them) and targets
+# in the forward, while the chunk exists: the only place the tiled logits can be read (autosp.hf's per-token
+# metrics, TRL's entropy and token accuracy). Whoever appends one removes it after its call.
+LOGIT_OBSERVERS: list = []
 
 
 def _out_dtype(hidden, weight, upcast):
@@ -85,7 +95,11 @@ def tiled_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias:
     total = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32), device=hidden.device)
     for hc, tc in zip(torch.tensor_split(flat, chunks), torch.tensor_split(flat_target, chunks)):
         if hc.shape[0]:
-            total += loss_reference(hc, weight, bias, tc, ignore_index, upcast, softcap)
+            logits = _loss_logits(hc, weight, bias, upcast, softcap)
+            total += F.cross_entropy(logits, tc, ignore_index=ignore_index, reduction="sum")
+            for observe in LOGIT_OBSERVERS:
+                observe(logits, tc, ignore_index)
+            del logits  # else this chunk's logits are still alive at the next chunk's peak
     return total.to(dtype)
 
 
@@ -309,5 +323,5 @@ def shape_dtype(node: fx.Node) -> torch.dtype:
     return value.dtype if isinstance(value, torch.Tensor) else torch.float32
 
 
-__all__ = ["loss_tiling_pass", "match_logits_loss", "tiled_linear_cross_entropy",
+__all__ = ["LOGIT_OBSERVERS", "loss_tiling_pass", "match_logits_loss", "tiled_linear_cross_entropy",
            "tiled_linear_cross_entropy_backward", "loss_reference", "TILED_LOSS"]

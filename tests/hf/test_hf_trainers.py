@@ -1,13 +1,15 @@
 """autosp.hf.Trainer under SP == the plain transformers.Trainer in one process, fp32, relative 1e-5.
 
-One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), seven cases against one process:
+One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), eight cases against one process:
 
 - autosp.hf.Trainer, SP=2 (DDP underneath), gradient accumulation 2, 5 optimizer steps, batches of uneven odd
   lengths with right padding: every logged loss (the first also against the step's objective computed
   directly: tokens counted once), evaluate() before and after training (the one before must not leave the
   model without DDP), the final weights, and the saved checkpoint loaded with from_pretrained;
-- autosp.hf.SFTTrainer, packing=True / padding-free, 6 steps over two epochs in the Trainer's random order:
-  every logged loss and gradient norm, the final weights, and no attention across documents;
+- autosp.hf.SFTTrainer, packing=True / padding-free, 6 steps over two epochs in the Trainer's random order,
+  then evaluate(), with the loss untiled and tiled (``loss_chunks=2``): every log (loss, gradient norm, TRL's
+  entropy, mean_token_accuracy and num_tokens, their eval_ forms, eval_loss), the final weights, and no
+  attention across documents;
 - PEFT LoRA through autosp.hf.Trainer and through autosp.compile, at ZeRO 0 and ZeRO 3: adapter gradients
   and weights, base weights untouched;
 - the loss tiled (``loss_chunks=2``) at ZeRO 3 inside the Trainer's own DeepSpeed engine, tied embeddings:
@@ -43,13 +45,15 @@ class _Recorder:
 
         class Recorder(TrainerCallback):
             def __init__(self):
-                self.losses, self.grad_norms, self.epochs = [], [], []
+                self.losses, self.grad_norms, self.epochs, self.logs = [], [], [], []
 
             def on_log(self, args, state, control, logs=None, **kwargs):
                 if logs and "loss" in logs:
                     self.losses.append(logs["loss"])
                     self.grad_norms.append(logs.get("grad_norm"))
                     self.epochs.append(logs.get("epoch"))
+                if logs and ("loss" in logs or "eval_loss" in logs):  # every step's and evaluation's logs
+                    self.logs.append(dict(logs))
 
         return Recorder()
 
@@ -78,31 +82,33 @@ def run_trainer(trainer_cls, out, **sp):
             "tokens": trainer.state.num_input_tokens_seen}
 
 
-def _chat_dataset():
+def _chat_dataset(n=24, seed=3):
     """Pre-tokenized conversations of uneven lengths (TRL packs them, best-fit decreasing)."""
     from datasets import Dataset
 
-    return Dataset.from_list([{"input_ids": e["input_ids"]} for e in examples(24, 3, low=5, high=20)])
+    return Dataset.from_list([{"input_ids": e["input_ids"]} for e in examples(n, seed, low=5, high=20)])
 
 
 def run_sft(trainer_cls, out, **sp):
     """6 optimizer steps of 2 packed rows over the 8 rows TRL packs: the Trainer's random order (reshuffled at
     the second epoch, as the one-process Trainer does) and SGD, whose steps keep fp32 rounding at its size
     (Adam divides each gradient element by its own size + 1e-8, so an element near 1e-8, measured on one
-    embedding row, turns its rounding into a lr-sized weight difference: docs/hf-trainers.md)."""
+    embedding row, turns its rounding into a lr-sized weight difference: docs/hf-trainers.md); then one
+    evaluation (its packed rows in batches of 2, the last one shorter). Every log is kept: TRL's metrics."""
     from trl import SFTConfig
 
     rec = _Recorder()
-    args = _training_args(SFTConfig, out, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                          max_steps=6, packing=True, padding_free=True, max_length=40, bf16=False,
-                          train_sampling_strategy="random", optim="sgd", learning_rate=0.5)
-    trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=_chat_dataset(), processing_class=tokenizer(),
-                          callbacks=[rec], **sp)
+    args = _training_args(SFTConfig, out, per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                          gradient_accumulation_steps=1, max_steps=6, packing=True, padding_free=True, max_length=40,
+                          bf16=False, train_sampling_strategy="random", optim="sgd", learning_rate=0.5)
+    trainer = trainer_cls(model=tiny_llama(), args=args, train_dataset=_chat_dataset(),
+                          eval_dataset=_chat_dataset(9, 8), processing_class=tokenizer(), callbacks=[rec], **sp)
     assert trainer.args.padding_free
     first = next(iter(trainer.get_train_dataloader()))
     trainer.train()
+    trainer.evaluate()
     return {"losses": rec.losses, "grad_norms": rec.grad_norms, "epochs": rec.epochs, "weights": _weights(trainer),
-            "first": {k: first[k].clone() for k in ("input_ids", "position_ids", "labels")}}
+            "logs": rec.logs, "first": {k: first[k].clone() for k in ("input_ids", "position_ids", "labels")}}
 
 
 def _per_document_loss(batch) -> float:
@@ -182,6 +188,9 @@ def _sp_case(name, out):
         return result
     if name == "sft":
         return run_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
+    if name == "sft_tiled":  # TRL's token metrics read from the tiled loss's chunks
+        return run_sft(autosp.hf.SFTTrainer, out, plan=Candidate(sp=2, micro_batch=2, grad_accum=1, loss_chunks=2),
+                       **common)
     if name == "tied_tiled_trainer3":
         plan = Candidate(sp=2, zero_stage=3, micro_batch=2, grad_accum=2, loss_chunks=2)
         return run_tied_tiled_trainer(autosp.hf.Trainer, out, plan=plan, **common)
@@ -208,6 +217,22 @@ def _worst(got: dict, ref: dict, only=None):
 
 def _close(a, b):
     return max(abs(x - y) / abs(y) for x, y in zip(a, b)) <= TOL and len(a) == len(b)
+
+
+def _same_logs(got: list, ref: list):
+    """Every log the SP trainer wrote has the keys, in order, and the values of the one-process trainer's: the
+    counts (num_tokens) exactly, the rest (loss, TRL's entropy and mean_token_accuracy, ...) within TOL; only
+    the timings differ."""
+    assert len(got) == len(ref), (len(got), len(ref))
+    for g, r in zip(got, ref):
+        assert list(g) == list(r), (list(g), list(r))
+        for key, want in r.items():
+            if key.endswith(("_runtime", "_per_second")):
+                continue
+            if key.endswith("num_tokens"):
+                assert g[key] == want, (key, g[key], want)
+            else:
+                assert abs(g[key] - want) <= TOL * abs(want), (key, g[key], want)
 
 
 def _loaded_eval_loss(path) -> float:
@@ -245,7 +270,7 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
 
     from autosp.compiler.testing import reference_run
 
-    names = ["trainer", "sft", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3",
+    names = ["trainer", "sft", "sft_tiled", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3",
              "tied_tiled_trainer3"]
     sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
     for name in names:
@@ -266,12 +291,18 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     # TRL's SFTTrainer, packed and padding-free: every logged loss and gradient norm and the final weights,
     # past the first epoch (the data order of every epoch is the one-process Trainer's), and documents never
     # attend across their boundaries (the first step's loss is that of every document run on its own)
+    # Every log, TRL's token metrics included (entropy, mean_token_accuracy, num_tokens; eval_ too), equals the
+    # one process's, with the loss untiled (the metrics read from the shard's logits) and tiled (from its chunks)
     ref_sft = run_sft(trl.SFTTrainer, str(tmp_path / "ref_sft"))
-    got = sp["sft"]
-    assert len(got["losses"]) == 6 and ref_sft["epochs"][-1] > 1, ref_sft["epochs"]
-    assert _close(got["losses"], ref_sft["losses"]), (got["losses"], ref_sft["losses"])
-    assert _close(got["grad_norms"], ref_sft["grad_norms"]), (got["grad_norms"], ref_sft["grad_norms"])
-    assert _worst(got["weights"], ref_sft["weights"])[0] <= TOL
+    assert {"entropy", "mean_token_accuracy", "num_tokens"} <= set(ref_sft["logs"][0])
+    assert any(log.get("mean_token_accuracy") for log in ref_sft["logs"])
+    for name in ("sft", "sft_tiled"):
+        got = sp[name]
+        assert len(got["losses"]) == 6 and ref_sft["epochs"][-1] > 1, ref_sft["epochs"]
+        assert _close(got["losses"], ref_sft["losses"]), (name, got["losses"], ref_sft["losses"])
+        assert _close(got["grad_norms"], ref_sft["grad_norms"]), (name, got["grad_norms"], ref_sft["grad_norms"])
+        _same_logs(got["logs"], ref_sft["logs"])
+        assert _worst(got["weights"], ref_sft["weights"])[0] <= TOL
     alone = _per_document_loss(ref_sft["first"])
     assert abs(sp["sft"]["losses"][0] - alone) <= TOL * alone, (sp["sft"]["losses"][0], alone)
 
