@@ -220,7 +220,7 @@ def hf_model_class(facts: ModelFacts):
     model_type = config.pop("model_type", None)
     if not model_type:
         raise UsageError(f"model config {facts.hf_path} has no model_type; is it a Hugging Face config.json?")
-    from autosp.cost_models.architectures import check_config
+    from autosp.cost_models.architectures import ATTENTION_SINK_TYPES, check_config
 
     check_config(facts.hf_config, str(facts.hf_path))  # the list the planner and autosp.compile refuse too
     try:
@@ -234,8 +234,10 @@ def hf_model_class(facts: ModelFacts):
     except KeyError:
         raise UsageError(f"{facts.hf_path} ({model_type}) is not a causal language model transformers can "
                          "build (AutoModelForCausalLM); autosp trains decoder-only causal LMs") from None
-    # Gemma 2 has no SDPA path (soft-capping); autosp runs its capped attention itself (compiler/softcapping.py)
-    if not getattr(cls, "_supports_sdpa", False) and not getattr(hf_config, "attn_logit_softcapping", None):
+    # Gemma 2 has no SDPA path (soft-capping), gpt-oss none either (attention sinks); autosp runs both attentions
+    # itself (compiler/softcapping.py, compiler/sinks.py)
+    if not getattr(cls, "_supports_sdpa", False) and not getattr(hf_config, "attn_logit_softcapping", None) \
+            and model_type not in ATTENTION_SINK_TYPES:
         raise UsageError(f"{cls.__name__} ({facts.hf_path}) cannot run its attention through "
                          f"torch.nn.functional.scaled_dot_product_attention in transformers "
                          f"{transformers.__version__}, and that is where autosp shards attention; autosp-train "

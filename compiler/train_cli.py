@@ -153,6 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _attn_implementation(config) -> str:
+    """What transformers builds the model with: SDPA, or eager attention for soft-capped Gemma 2 and gpt-oss's
+    attention sinks (transformers has no SDPA path for them), which autosp replaces by its own ops
+    (compiler/softcapping.py, compiler/sinks.py)."""
+    from autosp.cost_models.architectures import ATTENTION_SINK_TYPES
+
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "model_type", "") in ATTENTION_SINK_TYPES:
+        return "eager"
+    return "sdpa"
+
+
 def _build_model(args, facts, torch):
     """(model, description, vocab) of the checked :class:`~autosp.compiler.preflight.ModelFacts`."""
     if facts.hf_path is not None:
@@ -173,14 +184,12 @@ def _build_model(args, facts, torch):
         if args.checkpoint and os.path.isdir(args.checkpoint) and not args.warm_start:
             try:
                 model = transformers.AutoModelForCausalLM.from_pretrained(
-                    args.checkpoint, config=config,
-                    attn_implementation="eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa")
+                    args.checkpoint, config=config, attn_implementation=_attn_implementation(config))
             except (OSError, ValueError, RuntimeError) as err:
                 raise UsageError(f"cannot load the checkpoint {args.checkpoint}: {str(err).splitlines()[0][:200]}") from None
         else:
-            # soft-capped Gemma 2 builds with eager attention, which autosp replaces (compiler/softcapping.py)
-            attn = "eager" if getattr(config, "attn_logit_softcapping", None) else "sdpa"
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, attn_implementation=_attn_implementation(config))
         return model, f"{config.model_type} ({facts.hf_path})", config.vocab_size
     from autosp.compiler.models import Llama
 

@@ -6,7 +6,8 @@ models with the same one-line :class:`~autosp.errors.UsageError` naming the arch
 
 Supported: decoder-only causal LMs whose every layer is softmax attention (full or sliding-window) followed by an
 MLP: dense (Llama, Mistral, Qwen2/3, Gemma 1/2/3 text, OLMo, Phi-3, ...) and mixture-of-experts MLPs (Mixtral,
-Qwen2/3-MoE, OLMoE, DeepSeek-V2-style routed + shared experts; :data:`MOE_FAMILIES`); and the Gated DeltaNet
+Qwen2/3-MoE, OLMoE, DeepSeek-V2-style routed + shared experts, gpt-oss's biased experts with its attention sinks,
+:data:`ATTENTION_SINK_TYPES`; :data:`MOE_FAMILIES`); and the Gated DeltaNet
 hybrids Qwen3-Next and Qwen3.5 (:data:`~autosp.cost_models.catalog.linear.HYBRID_FAMILIES`: the compiler runs their
 linear-attention layers under Ulysses, compiler/linear_attention.py; Qwen3.5's vision-language config is planned as
 the language model ``AutoModelForCausalLM`` builds from it, without the vision tower). Refused, each by name:
@@ -32,7 +33,7 @@ from __future__ import annotations
 from autosp.cost_models.catalog.linear import HYBRID_FAMILIES
 from autosp.errors import UsageError
 
-__all__ = ["ENCODER_DECODER_TYPES", "HYBRID_FAMILIES", "HYBRID_LINEAR_TYPES", "MOE_FAMILIES",
+__all__ = ["ATTENTION_SINK_TYPES", "ENCODER_DECODER_TYPES", "HYBRID_FAMILIES", "HYBRID_LINEAR_TYPES", "MOE_FAMILIES",
            "TEXT_LOADABLE_VLM_TYPES", "TOP_LEVEL_TEXT_VLM", "VISION_LANGUAGE_TYPES", "architecture_refusal",
            "check_config", "config_dict"]
 
@@ -72,6 +73,10 @@ MOE_FAMILIES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepsee
                           "granitemoe", "dbrx", "jetmoe", "minimax_m1", "gpt_oss", "hunyuan_v1_moe", "ernie4_5_moe",
                           "glm4_moe", "dots1", "bailing_moe"})
 """model_type values of mixture-of-experts decoders (experts counted by the catalog's config reader)."""
+
+ATTENTION_SINK_TYPES = frozenset({"gpt_oss"})
+"""model_type values whose attention has a learned sink logit per head (transformers runs them with eager attention
+only; autosp runs them through its own sink attention, compiler/sinks.py)."""
 
 
 def config_dict(config) -> dict:

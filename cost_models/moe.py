@@ -8,7 +8,10 @@ The model (ModelSpec fields ``n_experts`` E, ``experts_per_token`` k, ``expert_f
 ``shared_ffn_hidden`` f_s, ``dense_layers``): every MoE layer has a router (h x E, no bias: Mixtral, Qwen3-MoE,
 OLMoE and DeepSeek-V2 alike), E routed experts of m x h x f_e weights (m = 3 gated, 2 not) and, with f_s > 0,
 shared experts of m x h x f_s every token uses. A token runs through its k routed experts: the active MLP is
-router + shared + k experts.
+router + shared + k experts. gpt-oss (``expert_bias``) adds a bias to the router (E) and to each expert's two
+projections ((m - 1) f_e + h): parameters, states and gradients like the weights (their FLOPs are negligible);
+its clamped SwiGLU (``clamped_swiglu``) rebuilds more f_e-wide tensors in the op's backward
+(:data:`CLAMPED_SWIGLU_EXTRA_PER_WIDTH`).
 
 Expert parallelism (``Candidate.ep``): the ep consecutive ranks of an EP group (SP and DP ranks alike: all hold
 distinct tokens) hold E / ep experts each. Every MoE layer sends each local token's k copies to the ranks of its
@@ -34,7 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CAPACITY_FACTOR", "EXPERT_LIVE_PER_WIDTH", "INDEX_BYTES", "MoeShape", "OP_PERMUTATION_COPIES",
+from autosp.contract.specs import expert_params_each
+
+__all__ = ["CAPACITY_FACTOR", "CLAMPED_SWIGLU_EXTRA_PER_WIDTH", "EXPERT_LIVE_PER_WIDTH", "INDEX_BYTES", "MoeShape", "OP_PERMUTATION_COPIES",
            "ROUTER_FIXED_BYTES_PER_EXPERT", "a2a_buffer_bytes", "active_params", "all_to_alls_per_layer",
            "dispatch_buffer_bytes", "dispatch_bytes", "expert_grad_bytes", "expert_params", "expert_state_bytes",
            "gathered_layer_params", "imbalance_flops_forward", "kept_bytes_per_token", "layout", "mean_active_ffn",
@@ -66,8 +71,8 @@ def _m(model) -> int:
 
 
 def expert_params(model) -> int:
-    """Parameters of all routed experts of the model (what expert parallelism shards)."""
-    return model.moe_layers * model.n_experts * _m(model) * model.hidden * model.expert_ffn_hidden
+    """Parameters of all routed experts of the model, their biases included (what expert parallelism shards)."""
+    return model.moe_layers * model.n_experts * expert_params_each(model)
 
 
 def active_params(model) -> int:
@@ -112,6 +117,9 @@ class MoeShape:
     ep: int
     world: int
     expert_params: int
+    extra_live: float = 0.0
+    """f_e-wide tensors per token copy the experts' gate rebuilds in the op's backward beyond SiLU's
+    (:data:`CLAMPED_SWIGLU_EXTRA_PER_WIDTH` for gpt-oss, 0 otherwise)."""
 
     @property
     def cf(self) -> float:
@@ -120,8 +128,8 @@ class MoeShape:
 
     @property
     def expert_layer_params(self) -> int:
-        """Routed-expert parameters of one MoE layer."""
-        return self.E * self.m * self.h * self.fe
+        """Routed-expert parameters of one MoE layer (their biases included)."""
+        return self.expert_params // self.moe_layers
 
 
 def layout(model, cand) -> MoeShape | None:
@@ -136,7 +144,8 @@ def layout(model, cand) -> MoeShape | None:
         raise ValueError(f"ep={ep} does not divide the {model.n_experts} experts of {model.name}")
     return MoeShape(E=model.n_experts, k=model.experts_per_token, h=model.hidden, fe=model.expert_ffn_hidden,
                     m=_m(model), moe_layers=model.moe_layers, L=model.n_layers, ep=ep, world=cand.sp * cand.dp,
-                    expert_params=expert_params(model))
+                    expert_params=expert_params(model),
+                    extra_live=CLAMPED_SWIGLU_EXTRA_PER_WIDTH if model.clamped_swiglu else 0.0)
 
 
 # --- model states -----------------------------------------------------------------------------------------------
@@ -182,6 +191,12 @@ EXPERT_LIVE_PER_WIDTH = 3
 """Elements per token copy and unit of f_e the experts op holds while it back-propagates its recomputed forward
 (the analytic MLP's recompute-phase live set: gate, up and the down projection's input)."""
 
+CLAMPED_SWIGLU_EXTRA_PER_WIDTH = 3
+"""What gpt-oss's gate adds to that live set, per token copy and unit of f_e: its clamped gate, its sigmoid and
+``up + 1`` (the interleaved gate/up slices are views; the bias adds are in place of the projection outputs). The
+op's backward peak fitted over five shapes: 6.98 k f_e elements per token with gpt-oss's layout against 3.98 with
+SiLU's, the other terms equal (``python -m studies.gpt_oss_experts``)."""
+
 
 def router_kept(ms: MoeShape, e: int) -> float:
     """Bytes per local token the router of one MoE layer keeps for its backward: its logits (E, training dtype, kept
@@ -209,11 +224,13 @@ def kept_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:
 
 def op_transient(ms: MoeShape, e: int) -> float:
     """Bytes per local token the experts op rebuilds in its backward on top of the profile's MLP phase: the
-    permutation tensors of each token copy (:data:`OP_PERMUTATION_COPIES` x k x h) and, with ep > 1, the busiest
-    rank's margin on them and on the experts' live set (the profile charges the mean)."""
+    permutation tensors of each token copy (:data:`OP_PERMUTATION_COPIES` x k x h), what a gate with more
+    intermediates than SiLU's adds (gpt-oss, ``ms.extra_live``) and, with ep > 1, the busiest rank's margin on them
+    and on the experts' live set (the profile charges the mean)."""
     permutation = OP_PERMUTATION_COPIES * ms.k * ms.h
     live = EXPERT_LIVE_PER_WIDTH * ms.k * ms.fe
-    return ms.cf * permutation * e + (ms.cf - 1.0) * live * e
+    extra = ms.extra_live * ms.k * ms.fe  # a gate with more intermediates (gpt-oss), not in the profile's phase
+    return ms.cf * (permutation + extra) * e + (ms.cf - 1.0) * live * e
 
 
 def transient_bytes_per_token(ms: MoeShape | None, e: int, policy: str) -> float:

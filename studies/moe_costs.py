@@ -155,9 +155,10 @@ OP_FIT_SHAPES = ((128, 512, 2), (128, 1024, 2), (256, 512, 2), (128, 512, 4), (6
 OP_FIT_TOKENS = 4096
 
 
-def op_backward_fit() -> dict:
+def op_backward_fit(layout: str = "silu") -> dict:
     """The experts op's allocated backward peak per token (weights left out) over :data:`OP_FIT_SHAPES`, fitted to
-    a x k x f_e + b x k x h + c x h elements."""
+    a x k x f_e + b x k x h + c x h elements. ``layout``: "silu" (Qwen3-MoE / Mixtral experts: [gate; up], no bias)
+    or "gpt_oss" (transformers' GptOssExperts: transposed weights, biases, its own clamped-SwiGLU gate)."""
     import numpy as np
     import torch
 
@@ -172,12 +173,16 @@ def op_backward_fit() -> dict:
         hidden = torch.randn(OP_FIT_TOKENS, h, generator=gen, requires_grad=True)
         index = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(OP_FIT_TOKENS)])
         weights = torch.rand(OP_FIT_TOKENS, k, generator=gen, requires_grad=True)
-        gate_up = torch.randn(experts, 2 * fe, h, generator=gen, requires_grad=True)
-        down = torch.randn(experts, h, fe, generator=gen, requires_grad=True)
-        out = moe_experts(hidden, index, weights, gate_up, down, "", "silu", 1)
+        if layout == "gpt_oss":
+            tensors, act, extra = _gpt_oss_experts(h, fe, experts, gen)
+        else:
+            tensors = [torch.randn(experts, 2 * fe, h, generator=gen, requires_grad=True),
+                       torch.randn(experts, h, fe, generator=gen, requires_grad=True)]
+            act, extra = "silu", {}
+        out = moe_experts(hidden, index, weights, *tensors, "", act, 1, **extra)
         peak = allocated_peak(lambda: out.backward(torch.ones_like(out)))
         shape = moe.MoeShape(E=experts, k=k, h=h, fe=fe, m=3, moe_layers=1, L=1, ep=1, world=1,
-                             expert_params=experts * 3 * h * fe)
+                             expert_params=sum(t.numel() for t in (*tensors, *extra.values()) if torch.is_tensor(t)))
         weight_grads = moe.expert_grad_bytes(shape, 4, 1)[1]  # what the op holds at its end, priced apart
         rows.append((k * fe, k * h, h))
         per_token.append((peak - weight_grads) / OP_FIT_TOKENS / 4)
@@ -185,6 +190,22 @@ def op_backward_fit() -> dict:
     return {"shapes": [dict(h=h, f_e=fe, k=k, elements_per_token=round(p, 1))
                        for (h, fe, k), p in zip(OP_FIT_SHAPES, per_token)],
             "fit": {"k_fe": float(coef[0]), "k_h": float(coef[1]), "h": float(coef[2])}}
+
+
+def _gpt_oss_experts(h: int, fe: int, experts: int, gen):
+    """(gate_up, down), the op's gate key and its keywords for a transformers GptOssExperts of this shape (small
+    random weights: the clamp is reached by some rows, as in a trained model)."""
+    import torch
+    import transformers
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from autosp.compiler.experts import gate_key
+
+    module = GptOssExperts(transformers.GptOssConfig(hidden_size=h, intermediate_size=fe, num_local_experts=experts))
+    for p in module.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.05
+    extra = {"gate_up_bias": module.gate_up_proj_bias, "down_bias": module.down_proj_bias, "transposed": True}
+    return [module.gate_up_proj, module.down_proj], gate_key(module), extra
 
 
 # --- the gloo part --------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ _LATER_FIELDS = {"sliding_window": 0, "sliding_layers": (), "n_experts": 0, "exp
                  "expert_ffn_hidden": 0, "shared_ffn_hidden": 0, "dense_layers": (), "attn_logit_softcap": 0.0,
                  "final_logit_softcap": 0.0, "attn_output_gate": False, "linear_layers": (), "linear_num_key_heads": 0,
                  "linear_num_value_heads": 0, "linear_key_head_dim": 0, "linear_value_head_dim": 0,
-                 "linear_conv_kernel_dim": 0}
+                 "linear_conv_kernel_dim": 0, "expert_bias": False, "clamped_swiglu": False, "attention_sinks": False}
 
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                  "linear_conv_kernel_dim")
@@ -68,7 +68,12 @@ def check_spec(model) -> None:
         value = getattr(model, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"ModelSpec.{name} must be a non-negative integer, got {value!r}")
+    for name in ("expert_bias", "clamped_swiglu", "attention_sinks"):
+        if not isinstance(getattr(model, name), bool):
+            raise ValueError(f"ModelSpec.{name} must be true or false, got {getattr(model, name)!r}")
     if not E:
+        if model.expert_bias or model.clamped_swiglu:
+            raise ValueError("ModelSpec.expert_bias and clamped_swiglu describe experts: they need n_experts > 0")
         if k or fe or fs or model.dense_layers:
             raise ValueError("ModelSpec.experts_per_token, expert_ffn_hidden, shared_ffn_hidden and dense_layers "
                              "describe experts: they need n_experts > 0")
@@ -119,7 +124,15 @@ def moe_mlp_params(model, active: bool = False) -> int:
     token uses)."""
     h, m = model.hidden, _mlp_matrices(model)
     routed = model.experts_per_token if active else model.n_experts
-    return h * model.n_experts + m * h * model.shared_ffn_hidden + routed * m * h * model.expert_ffn_hidden
+    router = (h + 1 if model.expert_bias else h) * model.n_experts
+    return router + m * h * model.shared_ffn_hidden + routed * expert_params_each(model)
+
+
+def expert_params_each(model) -> int:
+    """Parameters of one routed expert: its m matrices h x f_e and, with ``expert_bias`` (gpt-oss), the biases of
+    its gate/up projection ((m - 1) f_e) and its down projection (h)."""
+    h, m, fe = model.hidden, _mlp_matrices(model), model.expert_ffn_hidden
+    return m * h * fe + (((m - 1) * fe + h) if model.expert_bias else 0)
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,10 @@ class ModelSpec:
     depthwise causal conv1d of ``linear_conv_kernel_dim`` taps over q/k/v and a recurrent state of d_k x d_v per
     value head. ``attn_output_gate``: the softmax-attention layers' q projection also yields a per-channel sigmoid
     gate on the attention output (Qwen3-Next and Qwen3.5's gated attention: q_proj is hidden x 2 q_dim).
+
+    gpt-oss: ``expert_bias``, the routed experts' projections and the router carry biases; ``clamped_swiglu``, the
+    experts' gate is gpt-oss's clamped SwiGLU (more intermediates than SiLU's, cost_models/moe.py);
+    ``attention_sinks``, one learned logit per head in every softmax-attention layer's softmax.
     """
 
     name: str
@@ -184,6 +201,10 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # gpt-oss: biased experts and router, the clamped SwiGLU, attention sinks (one parameter per head)
+    expert_bias: bool = False
+    clamped_swiglu: bool = False
+    attention_sinks: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "sliding_layers", tuple(self.sliding_layers))  # JSON gives a list
@@ -239,6 +260,8 @@ class ModelSpec:
             attn += self.q_dim + 2 * self.kv_dim
         if self.attn_output_gate:
             attn += h * self.q_dim + 2 * self.head_dim
+        if self.attention_sinks:
+            attn += self.n_heads
         return attn + 2 * h
 
     def linear_attention_params(self) -> int:

@@ -10,7 +10,10 @@ The keys are transformers' own (5.x ``configuration_<type>.py``):
   ``moe_intermediate_size`` (DeepSeek);
 - dense layers: ``mlp_only_layers`` and ``decoder_sparse_step`` (Qwen: layer i is sparse when
   (i + 1) % step == 0 and i is not listed), ``first_k_dense_replace`` and ``moe_layer_freq`` (DeepSeek: layer i is
-  sparse when i >= k and i % freq == 0). Dense layers use ``intermediate_size``.
+  sparse when i >= k and i % freq == 0). Dense layers use ``intermediate_size``;
+- gpt-oss (``model_type`` gpt_oss): biases on the router and on every expert's projections (transformers'
+  ``GptOssExperts``: ``gate_up_proj_bias``, ``down_proj_bias``; no config key says so) and, with ``swiglu_limit``,
+  the clamped SwiGLU gate.
 
 A config without any experts key gives no fields (a dense model). Errors are one-line UsageErrors.
 """
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 from autosp.errors import UsageError
 
-__all__ = ["EXPERT_KEYS", "moe_fields"]
+__all__ = ["BIASED_EXPERT_TYPES", "EXPERT_KEYS", "moe_fields"]
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+BIASED_EXPERT_TYPES = frozenset({"gpt_oss"})
+"""model_type values whose router and experts carry biases (transformers 5.24's modeling_<type>.py)."""
 
 
 def _int(config: dict, key: str, where: str, default=None, minimum: int = 1) -> int:
@@ -60,5 +65,8 @@ def moe_fields(config: dict, n_layers: int, ffn: int, where: str) -> dict:
         sparse = [(i + 1) % step == 0 and i not in only for i in range(n_layers)]
     if not any(sparse):
         return {}  # every layer dense: nothing to route
+    gpt_oss = {}
+    if str(config.get("model_type", "")).lower() in BIASED_EXPERT_TYPES:
+        gpt_oss = {"expert_bias": True, "clamped_swiglu": config.get("swiglu_limit") is not None}
     return {"n_experts": experts, "experts_per_token": top_k, "expert_ffn_hidden": width, "shared_ffn_hidden": shared,
-            "dense_layers": tuple(i for i, s in enumerate(sparse) if not s)}
+            "dense_layers": tuple(i for i, s in enumerate(sparse) if not s), **gpt_oss}

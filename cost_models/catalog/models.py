@@ -19,7 +19,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from autosp.cost_models.architectures import check_config
+from autosp.cost_models.architectures import ATTENTION_SINK_TYPES, check_config
 from autosp.cost_models.catalog.aliases import alias_table
 from autosp.cost_models.catalog.experts import moe_fields
 from autosp.cost_models.catalog.linear import linear_fields
@@ -35,7 +35,7 @@ _SPEC_KEYS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hi
               "sliding_layers", "n_experts", "experts_per_token", "expert_ffn_hidden", "shared_ffn_hidden",
               "dense_layers", "attn_logit_softcap", "final_logit_softcap", "attn_output_gate", "linear_layers",
               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-              "linear_conv_kernel_dim")
+              "linear_conv_kernel_dim", "expert_bias", "clamped_swiglu", "attention_sinks")
 
 # Hugging Face model_type values whose MLP is gated (SwiGLU / GeGLU: gate, up and down projections).
 GATED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "olmo2", "granite",
@@ -126,7 +126,8 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     ``num_key_value_heads`` defaults to the number of heads, ``head_dim`` to hidden / heads,
     ``tie_word_embeddings`` to the family's default (true for Gemma, see TIED_BY_DEFAULT); Qwen2 always has q/k/v biases, Llama-style configs say so in
     ``attention_bias``. Sliding-window layers follow transformers' rules (:mod:`~autosp.cost_models.catalog.windows`);
-    mixture-of-experts keys (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2) :mod:`~autosp.cost_models.catalog.experts`;
+    mixture-of-experts keys (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2, gpt-oss's biased experts and clamped SwiGLU)
+    :mod:`~autosp.cost_models.catalog.experts`; gpt-oss's attention sinks (``ATTENTION_SINK_TYPES``);
     Gemma 2's ``attn_logit_softcapping`` / ``final_logit_softcapping`` are kept; a Qwen3-Next / Qwen3.5 hybrid's
     linear-attention layers :mod:`~autosp.cost_models.catalog.linear` (Qwen3.5's vision-language config: its
     ``text_config``, the model ``AutoModelForCausalLM`` builds). Architectures autosp does not support are refused
@@ -195,7 +196,8 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
             tied_embeddings=bool(config.get("tie_word_embeddings", model_type in TIED_BY_DEFAULT)),
             qkv_bias=qkv_bias, norm="rmsnorm" if "rms_norm_eps" in config or model_type in GATED_FAMILIES else "layernorm",
             max_position=max_position, rope_theta=float(rope_theta), source=os.path.abspath(path),
-            sliding_window=window, sliding_layers=windowed, **experts, **caps, **linear)
+            sliding_window=window, sliding_layers=windowed, attention_sinks=model_type in ATTENTION_SINK_TYPES,
+            **experts, **caps, **linear)
     except ValueError as err:
         raise UsageError(f"invalid model config {where}: {err}") from None
 

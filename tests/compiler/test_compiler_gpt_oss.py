@@ -61,12 +61,17 @@ EXACT = {
     "sp2_pad_head_pipeline_mlp2": (dict(seq=31), dict(sp_size=2, micro_batch=2, zero_stage=0),
                                    dict(overlap="head_pipeline", mlp_chunks=2)),
     # ZeRO-3 (each layer's attention traced in its own frame: windowed and global layers compiled apart) with
-    # packed documents crossing the shard boundary
-    "sp2_zero3_packed": ("packed", dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3), {}),
+    # packed documents crossing the shard boundary, and the knobs autosp-plan picks for gpt-oss-20b at 128k on
+    # h100x8 (selective checkpointing, activation offload, the head pipeline)
+    "sp2_zero3_packed_selective_offload_head_pipeline": (
+        "packed", dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3),
+        dict(checkpointing="selective", offload_activations=True, overlap="head_pipeline")),
     # EP 2 = the SP group (experts and their biases sharded), the load-balancing loss over the batch, S % P != 0
     "sp2_ep2_zero1_aux_pad": (dict(seq=31), dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=1), {}),
-    # pure ring of 2 (SP 2 = 1 x 2): the sinks join the ring's log-sum-exp merge once; packed documents
-    "sp2_ring2_packed": ("packed", dict(sp_size=2, micro_batch=2, ring_size=2, zero_stage=0), {}),
+    # pure ring of 2 (SP 2 = 1 x 2): the sinks join the ring's log-sum-exp merge once; packed documents; with
+    # sequence checkpointing and the tiled loss, as gpt-oss-120b's plan at 128k on 2 x h100x8
+    "sp2_ring2_packed_sequence_loss2": ("packed", dict(sp_size=2, micro_batch=2, zero_stage=0),
+                                        dict(ring=2, checkpointing="sequence", loss_chunks=2)),
     # sequence-chunked layers (sinks merged after the key chunks), K/V all-to-alls overlapped
     "sp2_chunks2_kv_async": (dict(seq=32), dict(sp_size=2, micro_batch=2, zero_stage=0),
                              dict(sequence_chunks=2, overlap="kv_async")),
@@ -93,6 +98,7 @@ def run_world2(rank, world):
             ref = testing.reference_run(model, batches, sgd, loss_fn=loss_fn)
             stats = got["stats"]
             return {"errors": testing.compare(got, ref), "mlps_tiled": stats.mlps_tiled,
+                    "losses_tiled": stats.losses_tiled,
                     "layers_chunked": stats.layers_chunked, "overlapped": stats.attention_overlapped}
         return None
 
@@ -111,6 +117,7 @@ def world2():
 def test_gpt_oss_matches_one_process(world2, name):
     result = assert_within(world2[name], TOL)
     assert (result["mlps_tiled"] > 0) == ("mlp2" in name)       # the experts op took the MLP tiling
+    assert (result["losses_tiled"] > 0) == ("loss2" in name)
     assert (result["layers_chunked"] > 0) == ("chunks2" in name)
     assert (result["overlapped"] > 0) == ("head_pipeline" in name or "kv_async" in name)
 
@@ -180,3 +187,18 @@ def test_experts_op_is_gpt_oss_experts(chunks):
     assert torch.allclose(out, ref, atol=1e-5)
     for a, e in zip(actual, expected):
         assert torch.allclose(a, e, rtol=1e-5, atol=1e-4), (a - e).abs().max()
+
+
+def test_autosp_train_builds_gpt_oss_with_the_attention_autosp_replaces():
+    """autosp-train's preflight takes a gpt-oss config.json (transformers has no SDPA path for its sinks; autosp runs
+    its own sink attention) and builds the model with eager attention, not SDPA (which transformers refuses)."""
+    import transformers
+
+    from autosp.compiler.preflight import ModelFacts, hf_model_class
+    from autosp.compiler.train_cli import _attn_implementation
+
+    config = transformers.GptOssConfig(num_hidden_layers=2, num_local_experts=4).to_dict()
+    cls, hf_config = hf_model_class(ModelFacts(spec=None, hf_config=config, hf_path="gpt-oss/config.json",
+                                               description="gpt-oss"))
+    assert cls is transformers.GptOssForCausalLM and _attn_implementation(hf_config) == "eager"
+    assert _attn_implementation(transformers.LlamaConfig()) == "sdpa"

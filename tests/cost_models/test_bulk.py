@@ -28,6 +28,8 @@ SPACES = [  # each feature of the cost model in at least one space
     dict(model="mixtral-8x7b", ctx="128k", hw="h100x16",  # two nodes: the expert-data-parallel group spans them
          fix=["zero_stage=3", "micro_batch=1", "checkpointing=full", "overlap=none", "offload_param=false"]),
     dict(model="gemma-2-9b", ctx="16k", hw="h100x2", fix=["micro_batch=1"]),      # soft-capping's kernel factors
+    # gpt-oss: biased experts, the clamped SwiGLU's rebuilt tensors, sinks, alternating windows
+    dict(model="gpt-oss-20b", ctx="32k", hw="h100x2", fix=["micro_batch=1", "overlap=none"]),
 ]
 
 

@@ -249,3 +249,87 @@ def test_gemma3_config_windows_and_the_multimodal_wrapper(tmp_path):
                                          "plan its text_config"):
         resolve_model(_write(tmp_path, {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
                                         "text_config": text, "vision_config": {"hidden_size": 1152}}))
+
+
+# --- gpt-oss (issue 35 item 3) ------------------------------------------------------------------------------------
+
+def gpt_oss_config(preset: str) -> dict:
+    """The Hugging Face config.json of a gpt-oss preset, written from the preset's fields with transformers' keys (as
+    openai/gpt-oss-20b and -120b ship it: layer_types alternating from a sliding layer, YaRN, swiglu_limit)."""
+    spec = resolve_model(preset)
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+            "hidden_act": "silu", "hidden_size": spec.hidden, "intermediate_size": spec.expert_ffn_hidden,
+            "head_dim": spec.head_dim, "num_attention_heads": spec.n_heads, "num_key_value_heads": spec.n_kv_heads,
+            "num_hidden_layers": spec.n_layers, "num_local_experts": spec.n_experts,
+            "num_experts_per_tok": spec.experts_per_token, "experts_per_token": spec.experts_per_token,
+            "vocab_size": spec.vocab, "tie_word_embeddings": False, "sliding_window": spec.sliding_window,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.n_layers)],
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 150000, "swiglu_limit": 7.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "original_max_position_embeddings": 4096, "truncate": False},
+            "router_aux_loss_coef": 0.9, "output_router_logits": False, "initial_context_length": 4096}
+
+
+@pytest.mark.parametrize("name, total, exact", [
+    # transformers 5.24's GptOssForCausalLM built on the meta device counts 20,914,757,184 / 116,829,156,672: these
+    # plus the o_proj biases (2,880 per layer), which the spec leaves out
+    ("gpt-oss-20b", 20.91e9, 20_914_757_184 - 24 * 2880),
+    ("gpt-oss-120b", 116.83e9, 116_829_156_672 - 36 * 2880),
+])
+def test_gpt_oss_parameter_counts(name, total, exact):
+    """Total parameters (the experts' and router's biases and the sinks included) against the model card (arXiv
+    2508.10925: 20.91B / 116.83B) and transformers' own count; active ones against the card's 3.61B / 5.13B, which
+    count the unembedding but not the input embedding (a lookup)."""
+    spec = resolve_model(name)
+    assert spec.n_params() == exact and abs(spec.n_params() / total - 1) < 0.001
+    published_active = preset_info(name)["published_active_params"]
+    assert abs((moe.active_params(spec) - spec.vocab * spec.hidden) / published_active - 1) < 0.001
+    per_expert = 3 * 2880 * 2880 + 2 * 2880 + 2880   # weights, gate/up bias, down bias
+    assert moe.expert_params(spec) == spec.n_layers * spec.n_experts * per_expert
+    plain = replace(spec, expert_bias=False, attention_sinks=False)
+    assert spec.n_params() - plain.n_params() == spec.n_layers * (spec.n_experts * (3 * 2880 + 1) + spec.n_heads)
+
+
+def test_gpt_oss_config_reads_as_the_preset(tmp_path):
+    spec, ref = resolve_model(_write(tmp_path, gpt_oss_config("gpt-oss-20b"))), resolve_model("gpt-oss-20b")
+    for field in ("n_experts", "experts_per_token", "expert_ffn_hidden", "expert_bias", "clamped_swiglu",
+                  "attention_sinks", "sliding_window", "sliding_layers", "qkv_bias", "tied_embeddings"):
+        assert getattr(spec, field) == getattr(ref, field), field
+    assert spec.n_params() == ref.n_params() and ref.sliding_layers == tuple(range(0, 24, 2))
+
+
+def test_gpt_oss_experts_rebuild_the_clamped_gate_in_their_backward():
+    """gpt-oss's clamped SwiGLU rebuilds 3 more f_e-wide tensors per token copy in the experts op's backward than
+    SiLU's (studies/gpt_oss_experts.py measures 6.98 against 3.98), at the busiest EP rank's margin; its biases are
+    expert states like the weights."""
+    spec, hw = resolve_model("gpt-oss-20b"), resolve_hardware("h100x8")
+    silu = replace(spec, clamped_swiglu=False)
+    for ep in (1, 8):
+        ms, ref = (Shapes(m, Workload(65536), Candidate(sp=8, ep=ep)).moe for m in (spec, silu))
+        extra = ms.cf * moe.CLAMPED_SWIGLU_EXTRA_PER_WIDTH * 4 * 2880 * 2
+        assert moe.transient_bytes_per_token(ms, 2, "none") - moe.transient_bytes_per_token(ref, 2, "none") == \
+            pytest.approx(extra)
+    e = estimate(spec, hw, Workload(65536), Candidate(sp=8, zero_stage=1, ep=8))
+    assert e.memory.expert_states == pytest.approx(moe.expert_params(spec) / 8 * (2 + 2 + 12 / 1))
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "gpt-oss-120b", "config:gpt-oss-20b", "config:gpt-oss-120b"])
+def test_the_planner_plans_gpt_oss_at_128k_on_one_h100_node(tmp_path, model):
+    """The real configs (written from the presets' fields) and the presets plan at 128k on h100x8: gpt-oss-20b fits;
+    gpt-oss-120b's 117B parameters need 16 bytes each of states (1.87 TB), more than 8 GPUs and their host memory
+    hold, so the planner says infeasible (exit 3) and names the GPUs that fit, which then plan."""
+    from autosp.errors import InfeasibleError
+    from autosp.planner.api import plan_for
+    from autosp.planner.request import PlanRequest
+
+    name = model.partition(":")[2] or model
+    arg = _write(tmp_path, gpt_oss_config(name)) if model.startswith("config:") else model
+    request = PlanRequest(model=arg, ctx="128k", hw="h100x8")
+    if name == "gpt-oss-20b":
+        plan = plan_for(request)
+    else:
+        with pytest.raises(InfeasibleError, match="about 16 GPUs would fit"):
+            plan_for(request)
+        plan = plan_for(PlanRequest(model=arg, ctx="128k", hw="h100x8", nodes=2))
+    assert plan.model.attention_sinks and plan.model.expert_bias and plan.model.clamped_swiglu
+    assert plan.estimate.fits and plan.candidate.sp > 1
