@@ -4,7 +4,8 @@
   diagonal), from the global token spans each block holds; the one place the attention rule lives;
 - :mod:`.kernels`: one piece's SDPA with its log-sum-exp, and its backward given the merged output and
   log-sum-exp (CPU flash kernels; CUDA memory-efficient kernels);
-- :mod:`.merge`: merging partial results by log-sum-exp;
+- :mod:`.merge`: merging partial results by log-sum-exp; :mod:`.sinks`: attention sinks (gpt-oss) merged once after
+  every partial result, and their gradient;
 - :mod:`.blockwise`: one query block over one key/value block (forward into accumulators, backward);
 - :mod:`.layout`: the zigzag (head-tail) token layout of Ulysses x Ring;
 - :mod:`.documents`: packed documents from ``position_ids`` / ``seq_lens`` / ``cu_seq_lens`` (pure functions) and
