@@ -11,8 +11,9 @@ from __future__ import annotations
 import copy
 import os
 
+from autosp.compiler.options import CompileOptions
 from autosp.contract.rules import candidate_reason
-from autosp.contract.specs import DTYPES, Candidate
+from autosp.contract.specs import Candidate
 from autosp.errors import UsageError
 
 RECOMPILE_LIMIT = 64
@@ -25,44 +26,44 @@ def load_plan(path):
     return read_plan(path)
 
 
-def resolve_candidate(plan=None, sp_size=None, world_size=None, *, dp_size=None, zero_stage=None, micro_batch=None,
-                      grad_accum=None, offload_optimizer=None, ring_size=None, ep_size=None
-                      ) -> tuple[Candidate, object]:
-    """The candidate to run and the Plan it came from (or None). Plain values fill a hand-made plan."""
-    overrides = {k: v for k, v in (("dp", dp_size), ("zero_stage", zero_stage), ("micro_batch", micro_batch),
-                                   ("grad_accum", grad_accum), ("offload_optimizer", offload_optimizer),
-                                   ("ring", ring_size), ("ep", ep_size))
-                 if v is not None}
-    source = None
-    if plan is not None:
-        if isinstance(plan, (str, os.PathLike)):
-            plan = load_plan(plan)
-        if isinstance(plan, Candidate):
-            candidate = plan
-        elif hasattr(plan, "candidate") and isinstance(plan.candidate, Candidate):
-            candidate, source = plan.candidate, plan
-        else:
-            raise UsageError("plan must be a path to a plan JSON, a Plan or a Candidate")
-        if sp_size is not None and sp_size != candidate.sp:
-            raise UsageError(f"sp_size={sp_size} contradicts the plan's sp={candidate.sp}")
-        for key, value in overrides.items():
-            if getattr(candidate, key) != value:
-                raise UsageError(f"{key}={value} contradicts the plan's {key}={getattr(candidate, key)}")
-    else:
+def resolve_candidate(plan=None, sp_size=None, world_size=None) -> tuple[Candidate, object]:
+    """The candidate to run and the Plan it came from (or None): ``plan`` (a plan file path, a Plan or a Candidate;
+    ``sp_size``, if given too, must agree with it), or for ``sp_size`` alone :func:`hand_made_candidate`."""
+    if plan is None:
         if sp_size is None:
-            raise UsageError("autosp.compile needs plan= (a plan file or Plan) or sp_size=")
-        if not isinstance(sp_size, int) or sp_size < 1:
-            raise UsageError(f"sp_size must be a positive integer, got {sp_size!r}")
-        if "dp" not in overrides:
-            if world_size is None or world_size % sp_size:
-                raise UsageError(f"sp_size={sp_size} does not divide the {world_size} launched processes")
-            overrides["dp"] = world_size // sp_size
-        try:
-            candidate = Candidate(sp=sp_size, **overrides)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
+            raise UsageError("autosp.compile needs plan= (a plan file, a Plan or an autosp.Candidate) or sp_size=")
+        return hand_made_candidate(sp_size, world_size), None
+    source = None
+    if isinstance(plan, (str, os.PathLike)):
+        plan = load_plan(plan)
+    if isinstance(plan, Candidate):
+        candidate = plan
+    elif hasattr(plan, "candidate") and isinstance(plan.candidate, Candidate):
+        candidate, source = plan.candidate, plan
+    else:
+        raise UsageError("plan must be a path to a plan JSON, a Plan or an autosp.Candidate")
+    if sp_size is not None and sp_size != candidate.sp:
+        raise UsageError(f"sp_size={sp_size} contradicts the plan's sp={candidate.sp}")
     _refuse_impossible_combinations(candidate)
     return candidate, source
+
+
+def hand_made_candidate(sp_size, world_size, **knobs) -> Candidate:
+    """``Candidate(sp=sp_size, dp=world_size / sp_size, **knobs)``: the plan ``autosp.compile(model, sp_size=N)``
+    runs, and a launcher's or trainer's flags filled in (knobs given as None keep the Candidate's defaults)."""
+    if not isinstance(sp_size, int) or isinstance(sp_size, bool) or sp_size < 1:
+        raise UsageError(f"sp_size must be a positive integer, got {sp_size!r}")
+    knobs = {name: value for name, value in knobs.items() if value is not None}
+    if "dp" not in knobs:
+        if world_size is None or world_size % sp_size:
+            raise UsageError(f"sp_size={sp_size} does not divide the {world_size} launched processes")
+        knobs["dp"] = world_size // sp_size
+    try:
+        candidate = Candidate(sp=sp_size, **knobs)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    _refuse_impossible_combinations(candidate)
+    return candidate
 
 
 def _refuse_impossible_combinations(candidate: Candidate) -> None:
@@ -243,69 +244,37 @@ def attach_sp(module, candidate: Candidate, layout, *, grad_world_size: int, win
     return ctx, pad_token_id
 
 
-def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=None, zero_stage=None, micro_batch=None,
-                  grad_accum=None, offload_optimizer=None, optimizer=None, lr: float = 1e-4, dtype: str | None = None,
-                  backend: str = "inductor", ds_config: dict | None = None, ignore_index: int = -100,
-                  pad_token_id: int | None = None, pad_to_multiple_of: int = 1, dist_backend: str | None = None,
-                  z3_leaf_modules=None, gradient_clipping: float | None = None, packed: bool = False,
-                  optim=None, lr_scheduler=None, ep_size: int | None = None):
+def compile_model(model, plan=None, *, sp_size: int | None = None, options: CompileOptions | None = None):
     """Build the sequence-parallel DeepSpeed engine for ``model``.
 
     Args:
         model: an unmodified causal LM (``nn.Module``) whose ``forward(input_ids=..., labels=...)`` computes
             the loss with ``F.cross_entropy`` and attention with ``F.scaled_dot_product_attention``.
-        plan: a plan file path, a :class:`~autosp.contract.plan.Plan` or a
-            :class:`~autosp.contract.specs.Candidate`; or give ``sp_size`` (and optionally ``ring_size``,
-            ``dp_size``, ``zero_stage``, ``micro_batch``, ``grad_accum``, ``offload_optimizer``) for a
-            hand-made plan.
-        ring_size: 2-D sequence parallelism: the SP group of ``sp_size`` = U x R ranks runs Ulysses all-to-alls
-            over U = sp_size / ring_size ranks and ring attention over R = ring_size ranks (default 1: plain
-            Ulysses; ``ring_size=sp_size``: pure ring attention). A plan carries it as its candidate's ``ring``.
-            ``micro_batch`` sequences per DP rank per call (the full batch every rank passes is dp x
-            micro_batch sequences); ``grad_accum`` calls per optimizer step (DeepSpeed accumulates and
-            steps at the boundary; each call's loss is that micro-batch's exact global mean).
-        optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()``, a callable ``params -> optimizer``,
-            or None: DeepSpeed's ``optimizer`` section of ``ds_config`` if there is one, else
-            ``torch.optim.AdamW(lr=lr)`` (a torch optimizer needs no CUDA extension build).
-        optim: an :class:`autosp.compiler.training.schedule.OptimizerOptions` (lr, min_lr, warmup, schedule
-            constant/linear/cosine, total_steps, weight_decay): the default AdamW gets its lr and weight decay
-            (``lr`` is then ignored) and, unless ``lr_scheduler`` is given, its learning-rate schedule.
-        lr_scheduler: a torch LR scheduler, or a callable ``optimizer -> scheduler``; handed to DeepSpeed,
-            which steps it at every optimizer step and saves it in its checkpoints.
-        dtype: ``"fp32"`` or ``"bf16"`` (DeepSpeed bf16: bf16 weights, fp32 master weights); default the plan's.
-        backend: ``"inductor"`` (default) or ``"aot_eager"``.
-        ds_config: DeepSpeed config entries merged over the generated config
-            (:func:`autosp.contract.deepspeed_config.deepspeed_config`, the same one ``autosp-plan
-            --ds-config`` writes).
-        gradient_clipping: the maximum global gradient norm (default 1.0,
-            :data:`autosp.contract.deepspeed_config.GRADIENT_CLIPPING`; 0 turns clipping off).
-        ignore_index, pad_token_id: the label to ignore and the token used to pad S to a multiple of P
-            (default the model config's pad_token_id, else 0; pads are masked by causality and ignored).
-        pad_to_multiple_of: also pad S to a multiple of this (bounds the number of distinct compiled lengths).
-        dist_backend: process-group backend when torch.distributed is not initialised yet (default nccl on
-            CUDA, gloo otherwise).
-        z3_leaf_modules: ZeRO-3 only: module names gathered as one unit and traced as one graph (default:
-            the children of every ``nn.ModuleList``).
-        ep_size: expert parallelism for a mixture-of-experts model (a plan carries it as its candidate's
-            ``ep``; default 1): each expert lives on one rank of every group of ``ep_size`` ranks, tokens travel
-            to their experts by all-to-all (:mod:`autosp.compiler.experts`). It divides the experts and dp x sp.
-        packed: the batches hold packed documents (``position_ids`` restarting at 0, or ``seq_lens`` /
-            ``cu_seq_lens`` passed to the engine): compile attention restricted to documents. Not needed
-            when the first batch is packed or the model has sliding-window layers (read from its config).
+        plan: what runs -- a plan file path, a :class:`~autosp.contract.plan.Plan` or a
+            :class:`~autosp.contract.specs.Candidate`, whose fields are every knob: ``sp`` x ``dp`` ranks,
+            ``ring`` (2-D sequence parallelism: Ulysses all-to-alls over sp / ring ranks, ring attention over
+            ``ring`` ranks), ``zero_stage``, ``micro_batch`` (sequences per DP rank per call: every rank passes
+            dp x micro_batch sequences), ``grad_accum`` (calls per optimizer step; each call's loss is that
+            micro-batch's exact global mean), ``offload_optimizer``, ``ep`` (experts spread over groups of ``ep``
+            ranks, :mod:`autosp.compiler.experts`), checkpointing, tiling and the other memory knobs.
+        sp_size: instead of ``plan``: ``Candidate(sp=sp_size, dp=world / sp_size)``, every other knob at its
+            default (given with ``plan``, it must equal the plan's ``sp``).
+        options: how it runs -- a :class:`~autosp.compiler.options.CompileOptions` (optimizer, learning rate and
+            schedule, dtype, backend, DeepSpeed overrides, padding, packed documents); default
+            ``CompileOptions()``.
     """
     import torch.distributed as dist
 
-    dtype, windows = _checked_model(model, plan, dtype)
+    if options is None:
+        options = CompileOptions()
+    elif not isinstance(options, CompileOptions):
+        raise UsageError(f"options must be an autosp.CompileOptions, got {type(options).__name__}")
+    dtype, windows = _checked_model(model, plan, options.dtype)
     import deepspeed
 
     if not dist.is_initialized():
-        if dist_backend is None:
-            dist_backend = _default_dist_backend()
-        deepspeed.init_distributed(dist_backend=dist_backend)
-    candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size(), dp_size=dp_size,
-                                               zero_stage=zero_stage, micro_batch=micro_batch, grad_accum=grad_accum,
-                                               offload_optimizer=offload_optimizer, ring_size=ring_size,
-                                               ep_size=ep_size)
+        deepspeed.init_distributed(dist_backend=options.dist_backend or _default_dist_backend())
+    candidate, source_plan = resolve_candidate(plan, sp_size, dist.get_world_size())
     from autosp.compiler.linear_attention import check_plan
 
     check_plan(model, candidate)  # Gated DeltaNet layers: no ring, heads over the Ulysses ranks
@@ -314,35 +283,35 @@ def compile_model(model, plan=None, sp_size=None, *, ring_size=None, dp_size=Non
     from autosp.compiler.runtime import SPEngine
 
     layout = make_layout(candidate)
-    config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, gradient_clipping), ds_config or {})
+    config = deep_merge(deepspeed_config(candidate, dtype, source_plan, model, options.gradient_clipping),
+                        options.ds_config or {})
     if candidate.zero_stage == 3:
-        _mark_zero3_leaves(model, z3_leaf_modules)
+        _mark_zero3_leaves(model, options.z3_leaf_modules)
 
     from autosp.compiler.experts import prepare_experts
 
     moe = prepare_experts(model, candidate.ep)  # MoE: experts through autosp's op; ep > 1: this rank's experts only
-    optimizer, lr_scheduler = _optimizer_and_scheduler(model, candidate, config, optimizer, optim, lr, lr_scheduler)
+    optimizer, lr_scheduler = _optimizer_and_scheduler(model, candidate, config, options)
     ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, lr_scheduler=lr_scheduler)
     if ds_engine.dp_world_size != candidate.world_size:
         raise UsageError(f"DeepSpeed's data-parallel world is {ds_engine.dp_world_size} ranks, expected all "
                          f"{candidate.world_size} (remove sequence_parallel_size / mpu settings)")
 
     ctx, pad_token_id = attach_sp(ds_engine.module, candidate, layout, grad_world_size=ds_engine.dp_world_size,
-                                  windows=windows, packed=packed, backend=backend, ignore_index=ignore_index,
-                                  pad_token_id=pad_token_id, ds_engine=ds_engine, moe=moe)
-    return SPEngine(ds_engine, layout, ctx, candidate, ignore_index=ignore_index, pad_token_id=pad_token_id,
-                    pad_to_multiple_of=pad_to_multiple_of, dtype=dtype, backend=backend)
+                                  windows=windows, packed=options.packed, backend=options.backend,
+                                  ignore_index=options.ignore_index, pad_token_id=options.pad_token_id,
+                                  ds_engine=ds_engine, moe=moe)
+    return SPEngine(ds_engine, layout, ctx, candidate, ignore_index=options.ignore_index, pad_token_id=pad_token_id,
+                    pad_to_multiple_of=options.pad_to_multiple_of, dtype=dtype, backend=options.backend)
 
 
 def _checked_model(model, plan, dtype):
-    """The run's dtype (default the plan's, else fp32) and the model's per-layer attention windows; refuses a
-    dtype, an object or a model architecture that autosp cannot compile."""
+    """The run's dtype (default the plan's, else fp32) and the model's per-layer attention windows; refuses an
+    object or a model architecture that autosp cannot compile."""
     import torch
 
-    if dtype is None:
+    if dtype is None:  # CompileOptions checked the caller's; a Plan's workload checked its own
         dtype = getattr(getattr(plan, "workload", None), "dtype", None) or "fp32"
-    if dtype not in DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
     from autosp.compiler.linear_attention import check_architecture
@@ -367,14 +336,15 @@ def _mark_zero3_leaves(model, z3_leaf_modules) -> None:
         set_leaf_modules(model, names)  # with the hook that keeps a frozen-input layer's gradients (PEFT)
 
 
-def _optimizer_and_scheduler(model, candidate: Candidate, config: dict, optimizer, optim, lr, lr_scheduler):
-    """The optimizer and LR scheduler to hand DeepSpeed (see :func:`compile_model`'s ``optimizer``, ``optim`` and
+def _optimizer_and_scheduler(model, candidate: Candidate, config: dict, options: CompileOptions):
+    """The optimizer and LR scheduler to hand DeepSpeed (see :class:`CompileOptions`' ``optimizer``, ``optim`` and
     ``lr_scheduler``); an offloaded optimizer without one of the caller's gets DeepSpeed's CPU AdamW in
     ``config`` (which this updates in place) on CUDA."""
     import torch
 
     from autosp.compiler.experts import optimizer_param_groups
 
+    optimizer, optim, lr_scheduler = options.optimizer, options.optim, options.lr_scheduler
     # DeepSpeed's MoE support needs the expert parameters in optimizer groups of their own
     # (the trainable parameters only: a PEFT (LoRA) model's frozen base weights have no optimizer state)
     params = optimizer_param_groups(model) if candidate.ep > 1 else [p for p in model.parameters() if p.requires_grad]
@@ -384,17 +354,14 @@ def _optimizer_and_scheduler(model, candidate: Candidate, config: dict, optimize
     offload = config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device", "none") != "none"
     from autosp.compiler.training.schedule import OptimizerOptions, make_optimizer, scheduler_factory
 
-    if optim is not None and not isinstance(optim, OptimizerOptions):
-        raise UsageError("optim must be an autosp.compiler.training.schedule.OptimizerOptions")
-    options = optim if optim is not None else OptimizerOptions(lr=lr)
+    adamw = optim if optim is not None else OptimizerOptions()
     if lr_scheduler is None and optim is not None:
         lr_scheduler = scheduler_factory(optim)
     if optimizer is None and "optimizer" not in config:
         if offload and torch.cuda.is_available():  # DeepSpeed's CPU Adam runs the offloaded step
-            config["optimizer"] = {"type": "AdamW", "params": {"lr": options.lr,
-                                                               "weight_decay": options.weight_decay}}
+            config["optimizer"] = {"type": "AdamW", "params": {"lr": adamw.lr, "weight_decay": adamw.weight_decay}}
         else:
-            optimizer = make_optimizer(options, params)
+            optimizer = make_optimizer(adamw, params)
     elif optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer(params)
     if offload and optimizer is not None:
@@ -402,4 +369,5 @@ def _optimizer_and_scheduler(model, candidate: Candidate, config: dict, optimize
     return optimizer, lr_scheduler
 
 
-__all__ = ["attach_sp", "compile_model", "keep_zero3_hooks_eager", "deepspeed_config", "load_plan", "resolve_candidate"]
+__all__ = ["CompileOptions", "attach_sp", "compile_model", "deepspeed_config", "hand_made_candidate",
+           "keep_zero3_hooks_eager", "load_plan", "resolve_candidate"]

@@ -16,9 +16,8 @@ from torch import fx
 
 from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp_ops.*)
 from autosp.compiler.context import SPContext
+from autosp.compiler.options import BACKENDS
 from autosp.compiler.passes import PIPELINE
-
-BACKENDS = ("inductor", "aot_eager")
 
 
 def apply_passes(gm: fx.GraphModule, example_inputs, ctx: SPContext, passes=PIPELINE) -> fx.GraphModule:

@@ -180,12 +180,15 @@ def full_weight(param):
     return _all_experts(param, value.detach().float()).cpu().clone()
 
 
-def sp_run(model, batches, optimizer_fn, **compile_kwargs) -> dict:
-    """The same training through ``autosp.compile``; every rank gets the full batches. Gradients are read at
-    the first gradient-accumulation boundary, after DeepSpeed reduced them."""
+def sp_run(model, batches, optimizer_fn, plan=None, *, sp_size=None, **option_fields) -> dict:
+    """The same training through ``autosp.compile(model, plan, sp_size=...)`` with
+    ``CompileOptions(optimizer=optimizer_fn, **option_fields)``; every rank gets the full batches. Gradients are
+    read at the first gradient-accumulation boundary, after DeepSpeed reduced them."""
     from autosp.compiler.api import compile_model
+    from autosp.compiler.options import CompileOptions
 
-    engine = compile_model(copy.deepcopy(model), optimizer=optimizer_fn, **compile_kwargs)
+    options = CompileOptions(optimizer=optimizer_fn, **option_fields)
+    engine = compile_model(copy.deepcopy(model), plan, sp_size=sp_size, options=options)
     losses, grads = [], None
     for batch in batches:
         loss = engine(**batch)

@@ -253,7 +253,7 @@ def _preflight(args, argv):
     """Everything checked before torch builds anything (autosp.compiler.preflight); returns what main
     needs: (launch, plan, candidate, facts, seq, tokens)."""
     from autosp.compiler import preflight
-    from autosp.compiler.api import load_plan, resolve_candidate
+    from autosp.compiler.api import hand_made_candidate, load_plan, resolve_candidate
     from autosp.units import parse_ctx
 
     preflight.check_numbers(args)
@@ -283,10 +283,11 @@ def _preflight(args, argv):
                f"an --nnodes x --nproc-per-node that is a multiple of {args.sp}")
         raise UsageError(f"--sp {args.sp} needs a multiple of {args.sp} processes and this launch has {launch.world}"
                          f"{f' ({launch.shape()})' if launch.nnodes > 1 else ''}: use {how}")
-    candidate, _ = resolve_candidate(plan, args.sp, launch.world, zero_stage=None if plan else args.zero,
-                                     micro_batch=None if plan else (args.micro_batch or 1),
-                                     grad_accum=None if plan else args.grad_accum,
-                                     ring_size=None if plan else args.ring)
+    if plan is not None:
+        candidate, _ = resolve_candidate(plan, args.sp, launch.world)
+    else:  # --sp and the knob flags: a hand-made plan
+        candidate = hand_made_candidate(args.sp, launch.world, zero_stage=args.zero,
+                                        micro_batch=args.micro_batch or 1, grad_accum=args.grad_accum, ring=args.ring)
     preflight.check_parallel(candidate, facts, launch, args.plan)
     if facts.hf_path is not None:
         preflight.hf_model_class(facts)  # transformers knows it, and its attention is SDPA
@@ -348,6 +349,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     from autosp.compiler.api import compile_model
+    from autosp.compiler.options import CompileOptions
 
     # DeepSpeed 0.19.8 calls torch's deprecated all_gather_into_tensor / reduce_scatter_tensor on every ZeRO-3
     # gather and gradient reduction: two lines per rank per step that say nothing to the user.
@@ -379,13 +381,10 @@ def main(argv=None) -> int:
     from autosp.compiler.training import options as training_options
 
     text_source, eval_source = training_options.text_sources(args.prepared, seq, args.seed, torch)
-    options = dict(dtype=dtype, backend=args.backend, optim=training_options.optimizer_options(args),
-                   gradient_clipping=args.grad_clip)
-    if plan is None:
-        options.update(sp_size=args.sp, ring_size=args.ring, zero_stage=args.zero, micro_batch=args.micro_batch or 1,
-                       grad_accum=args.grad_accum)
     packed = args.doc_sep is not None or text_source is not None
-    engine = compile_model(model, plan=plan, packed=packed or eval_source is not None, **options)
+    options = CompileOptions(dtype=dtype, backend=args.backend, optim=training_options.optimizer_options(args),
+                             gradient_clipping=args.grad_clip, packed=packed or eval_source is not None)
+    engine = compile_model(model, plan if plan is not None else candidate, options=options)
     c = engine.candidate
     if text_source is not None:
         data = text_source

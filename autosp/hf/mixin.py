@@ -116,7 +116,7 @@ class SPTrainerMixin:
     # -- set-up ------------------------------------------------------------------------------------
     @staticmethod
     def _resolve_plan(model, args, dataset, plan, sp_size, ring_size, plan_hw, plan_ctx):
-        from autosp.compiler.api import resolve_candidate
+        from autosp.compiler.api import hand_made_candidate, resolve_candidate
 
         world = args.world_size
         dtype = None
@@ -136,7 +136,9 @@ class SPTrainerMixin:
                                plan_hw or planning.detect_hardware(world), dtype=dtype, fix=fix,
                                global_batch=None)
         if plan is not None:
-            candidate, source = resolve_candidate(plan, sp_size, world, ring_size=ring_size)
+            candidate, source = resolve_candidate(plan, sp_size, world)
+            if ring_size is not None and ring_size != candidate.ring:
+                raise UsageError(f"ring_size={ring_size} contradicts the plan's ring={candidate.ring}")
             dtype = getattr(getattr(source, "workload", None), "dtype", dtype)
             if candidate.world_size != world:
                 raise UsageError(f"the plan needs dp x sp = {candidate.dp} x {candidate.sp} = {candidate.world_size} "
@@ -145,10 +147,9 @@ class SPTrainerMixin:
         from autosp.hf import plan as planning
 
         zero = planning.trainer_zero(args) or {"stage": 0, "offload_optimizer": False}
-        candidate, _ = resolve_candidate(None, sp_size, world, ring_size=ring_size,
-                                         micro_batch=args.per_device_train_batch_size,
-                                         grad_accum=args.gradient_accumulation_steps, zero_stage=zero["stage"],
-                                         offload_optimizer=zero["offload_optimizer"])
+        candidate = hand_made_candidate(sp_size, world, ring=ring_size, micro_batch=args.per_device_train_batch_size,
+                                        grad_accum=args.gradient_accumulation_steps, zero_stage=zero["stage"],
+                                        offload_optimizer=zero["offload_optimizer"])
         return candidate, None
 
     def _attach(self):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp_ops.*)
-from autosp.compiler.api import resolve_candidate
+from autosp.compiler.api import hand_made_candidate, resolve_candidate
 from autosp.compiler.context import SPContext
 from autosp.compiler.inputs import shard_batch
 from autosp.compiler.passes import attention_pass, check_pass, loss_pass, mask_pass, position_pass
@@ -94,8 +94,8 @@ def test_every_plan_knob_is_accepted_as_planned(knob):
 
 
 def test_hand_made_plan_and_contradictions():
-    candidate, plan = resolve_candidate(None, 2, 4, zero_stage=3)
-    assert (candidate.sp, candidate.dp, candidate.zero_stage, plan) == (2, 2, 3, None)
+    assert resolve_candidate(None, 2, 4) == (Candidate(sp=2, dp=2), None)  # sp_size=2 on 4 processes
+    assert hand_made_candidate(2, 4, zero_stage=3, ring=None) == Candidate(sp=2, dp=2, zero_stage=3)  # a launcher's
     with pytest.raises(UsageError, match="does not divide"):
         resolve_candidate(None, 3, 4)
     with pytest.raises(UsageError, match="contradicts"):

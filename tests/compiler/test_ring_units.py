@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from autosp.compiler import ops  # noqa: F401  (registers torch.ops.autosp_ops.*)
-from autosp.compiler.api import resolve_candidate
+from autosp.compiler.api import hand_made_candidate, resolve_candidate
 from autosp.compiler.attention import (
     attention_pieces,
     block_backward,
@@ -280,14 +280,12 @@ def test_head_counts_need_only_divide_by_the_ulysses_ranks():
 
 
 def test_plan_resolution_with_a_ring():
-    candidate, _ = resolve_candidate(None, 4, 8, ring_size=2)
+    candidate = hand_made_candidate(4, 8, ring=2)
     assert (candidate.sp, candidate.ring, candidate.ulysses, candidate.dp) == (4, 2, 2, 2)
     candidate, _ = resolve_candidate(Candidate(sp=4, ring=4, checkpointing="full", mlp_chunks=2, zero_stage=3))
     assert candidate.ring == 4
     with pytest.raises(UsageError, match="ring .* must divide sp"):
-        resolve_candidate(None, 4, 4, ring_size=3)
-    with pytest.raises(UsageError, match="ring=1 contradicts the plan's ring=2"):
-        resolve_candidate(Candidate(sp=4, ring=2), ring_size=1)
+        hand_made_candidate(4, 4, ring=3)
     with pytest.raises(UsageError, match="overlap=kv_async overlaps the Ulysses all-to-alls"):
         resolve_candidate(Candidate(sp=4, ring=4, overlap="kv_async"))
     resolve_candidate(Candidate(sp=4, ring=2, overlap="head_pipeline"))  # U = 2: there is something to overlap
