@@ -67,7 +67,7 @@ def make_layout(candidate: Candidate) -> Layout:
     if world != sp * dp:
         raise UsageError(f"the plan needs dp x sp = {dp} x {sp} = {dp * sp} processes but {world} were launched")
     if ring < 1 or sp % ring:
-        raise UsageError(f"ring_size={ring} must divide sp_size={sp}")
+        raise UsageError(f"ring={ring} must divide sp={sp}")
     ulysses = sp // ring
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     if local and ulysses > 1 and (ulysses > local or local % ulysses):

@@ -9,8 +9,8 @@
 Packed documents: ``engine(input_ids=ids, labels=labels, position_ids=pos)`` with ``pos`` restarting at 0
 for every document (Hugging Face's ``DataCollatorWithFlattening``), or ``seq_lens=`` / ``cu_seq_lens=``
 instead of ``pos``; each document trains causally on its own (:mod:`autosp.compiler.attention.documents`).
-The engine compiles its attention as span-restricted ops ("span mode") when ``autosp.compile(...,
-packed=True)`` was given, when the model has sliding-window layers, or when its first batch is packed.
+The engine compiles its attention as span-restricted ops ("span mode") when ``autosp.CompileOptions(packed=True)``
+was given, when the model has sliding-window layers, or when its first batch is packed.
 
 Each call shards the batch for this rank (:mod:`autosp.compiler.inputs`), records the lengths the passes
 need in the :class:`~autosp.compiler.context.SPContext`, and calls the DeepSpeed engine, whose module
@@ -202,8 +202,8 @@ class SPEngine:
         if batch.documents is not None and not self.ctx.rule:
             if self.ctx.stats.graphs:
                 raise UsageError("packed documents (position_ids restarting at 0, or seq_lens) reached an engine "
-                                 "whose graphs were compiled for one sequence per row; pass packed=True to "
-                                 "autosp.compile (or make the first batch packed)")
+                                 "whose graphs were compiled for one sequence per row; pass "
+                                 "options=autosp.CompileOptions(packed=True) (or make the first batch packed)")
             self.ctx.rule = unique_key("engine")
         if self.ctx.rule:
             publish(self.ctx.rule, batch.documents)
@@ -246,8 +246,8 @@ class SPEngine:
             raise
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             raise UsageError(f"too many distinct sequence lengths ({torch._dynamo.config.recompile_limit} compiled "
-                             f"graphs): pass pad_to_multiple_of= to autosp.compile so lengths fall into fewer "
-                             f"buckets") from None
+                             f"graphs): pass options=autosp.CompileOptions(pad_to_multiple_of=...) so lengths fall "
+                             f"into fewer buckets") from None
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as err:
             raise UsageError(_graph_break_message(err)) from None
         losses = ops.CALLS["all_reduce_sum"] - before.get("all_reduce_sum", 0)

@@ -104,8 +104,9 @@ def _run(rank, world, args, old_path, workdir):
     from autosp.compiler.training import checkpoint as new
 
     old = _import_file(old_path, "autosp_checkpoint_format1")
-    engine = autosp.compile(_model(args), sp_size=world, zero_stage=args.zero, dtype="fp32", backend="aot_eager",
-                            optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+    options = autosp.CompileOptions(dtype="fp32", backend="aot_eager",
+                                    optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4))
+    engine = autosp.compile(_model(args), autosp.Candidate(sp=world, zero_stage=args.zero), options=options)
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, args.vocab, (1, SEQ), generator=gen) for _ in range(2)]
 

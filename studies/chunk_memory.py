@@ -60,6 +60,7 @@ def _run(rank, world, rows):
 
     from autosp.compiler.api import compile_model
     from autosp.compiler.models import Llama
+    from autosp.compiler.options import CompileOptions
     from autosp.compiler.saved_memory import measure_saved
     from autosp.contract.specs import Candidate
     from studies.measure import memory
@@ -70,8 +71,8 @@ def _run(rank, world, rows):
     for row in rows:
         torch._dynamo.reset()
         plan = Candidate(sp=SP, zero_stage=1, loss_chunks=4, **row["knobs"])
-        engine = compile_model(copy.deepcopy(base), plan=plan, backend="aot_eager",
-                               optimizer=lambda p: torch.optim.SGD(p, lr=1e-3))
+        engine = compile_model(copy.deepcopy(base), plan, options=CompileOptions(
+            backend="aot_eager", optimizer=lambda p: torch.optim.SGD(p, lr=1e-3)))
         gen = torch.Generator().manual_seed(1)
         ids = torch.randint(0, MODEL.vocab, (1, row["seq"]), generator=gen)
 

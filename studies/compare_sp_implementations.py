@@ -25,8 +25,8 @@ How each baseline is driven follows its public documentation in DeepSpeed 0.19.8
   ``shift_labels`` (labels shifted over the full sequence, as its ``UlyssesSPDataLoaderAdapter`` does);
   the loss is the per-shard mean, then (as the ALST tutorial recommends) the good-token weighted
   average over the SP group through a differentiable all-gather. Both values are reported.
-- autosp: ``autosp.compile(model, sp_size=P, zero_stage=1)``; every rank passes the full batch. With
-  ``--rings`` also its 2-D layouts, ``autosp.compile(..., ring_size=R)``: Ulysses over P/R ranks x ring
+- autosp: ``autosp.compile(model, autosp.Candidate(sp=P, zero_stage=1))``; every rank passes the full batch. With
+  ``--rings`` also its 2-D layouts, ``Candidate(..., ring=R)``: Ulysses over P/R ranks x ring
   attention over R ranks (R = P: pure ring), which neither baseline has; each is a row of its own.
 
 - autosp's memory-lean plan (row ``autosp_lean``, unless ``--lean-tiles 0``): the same compile with the plan
@@ -164,8 +164,8 @@ def run_reference(model, ids, labels, args):
 def run_autosp(model, ids, labels, args, rank, ring=1):
     import autosp
 
-    engine = autosp.compile(copy.deepcopy(model), sp_size=args.sp, ring_size=ring, zero_stage=1, micro_batch=1,
-                            optimizer=sgd0, backend=args.backend)
+    engine = autosp.compile(copy.deepcopy(model), autosp.Candidate(sp=args.sp, ring=ring, zero_stage=1, micro_batch=1),
+                            options=autosp.CompileOptions(optimizer=sgd0, backend=args.backend))
     def loss_fn():
         loss = engine(input_ids=ids, labels=labels)
         return loss, loss.item()
@@ -186,7 +186,8 @@ def run_autosp_lean(model, ids, labels, args, rank):
     """autosp with the memory-lean plan: sequence checkpointing, MLP and logits+loss tiling (module docstring)."""
     import autosp
 
-    engine = autosp.compile(copy.deepcopy(model), plan=lean_plan(args), optimizer=sgd0, backend=args.backend)
+    engine = autosp.compile(copy.deepcopy(model), lean_plan(args),
+                            options=autosp.CompileOptions(optimizer=sgd0, backend=args.backend))
 
     def loss_fn():
         loss = engine(input_ids=ids, labels=labels)

@@ -112,12 +112,12 @@ def build(name, model, ids, labels, args):
     if name == "alst":
         engine, loss_fn, _ = study.alst_engine(model, ids, labels, args)
         return engine, lambda: loss_fn()[0]
+    options = autosp.CompileOptions(optimizer=study.sgd0, backend=args.backend)
     if name == "autosp_lean":
-        engine = autosp.compile(copy.deepcopy(model), plan=study.lean_plan(args), optimizer=study.sgd0,
-                                backend=args.backend)
+        engine = autosp.compile(copy.deepcopy(model), study.lean_plan(args), options=options)
     else:
-        engine = autosp.compile(copy.deepcopy(model), sp_size=args.sp, zero_stage=1, micro_batch=1,
-                                optimizer=study.sgd0, backend=args.backend)
+        engine = autosp.compile(copy.deepcopy(model), autosp.Candidate(sp=args.sp, zero_stage=1, micro_batch=1),
+                                options=options)
     return engine, lambda: engine(input_ids=ids, labels=labels)
 
 

@@ -192,8 +192,8 @@ def _interleaved_worker(rank, world, model, seq, rings, rounds, backend):
 
     torch.manual_seed(0)
     ids = torch.randint(0, model.vocab, (1, seq), generator=torch.Generator().manual_seed(1234))
-    engines = [autosp.compile(Llama(model), sp_size=world, ring_size=r, zero_stage=1, micro_batch=1,
-                              backend=backend) for r in rings]
+    engines = [autosp.compile(Llama(model), autosp.Candidate(sp=world, ring=r, zero_stage=1, micro_batch=1),
+                              options=autosp.CompileOptions(backend=backend)) for r in rings]
 
     def step(engine):
         loss = engine(input_ids=ids, labels=ids)

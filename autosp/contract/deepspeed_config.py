@@ -11,8 +11,8 @@ Defaults, and how to override them:
 
 - ``gradient_clipping`` = :data:`GRADIENT_CLIPPING` (1.0: clip the global gradient norm to 1, the usual
   setting for LLM training, e.g. the Hugging Face Trainer's ``max_grad_norm``). ``0`` turns clipping
-  off. Override: ``autosp.compile(..., gradient_clipping=x)``, or any DeepSpeed key through
-  ``autosp.compile(..., ds_config={...})``, which is merged over this config; or edit the file
+  off. Override: ``autosp.CompileOptions(gradient_clipping=x)``, or any DeepSpeed key through
+  ``CompileOptions(ds_config={...})``, which is merged over this config; or edit the file
   ``--ds-config`` wrote.
 - ``steps_per_print`` = :data:`STEPS_PER_PRINT` (DeepSpeed's own default).
 - Batch keys: DeepSpeed's data-parallel world is all ``dp x sp`` ranks (every rank of an SP group feeds

@@ -1,5 +1,5 @@
 """The optimizer and its learning-rate schedule (``autosp-train --lr --min-lr --warmup --lr-schedule
---weight-decay --grad-clip``; ``autosp.compile(..., optim=OptimizerOptions(...))``).
+--weight-decay --grad-clip``; ``autosp.CompileOptions(optim=OptimizerOptions(...))``).
 
 The optimizer is torch's AdamW (no CUDA extension to build), or DeepSpeed's AdamW when ZeRO-Offload runs
 the step on the host (:mod:`autosp.compiler.api`). The schedule is a torch ``LambdaLR`` whose factor is
@@ -33,7 +33,7 @@ DEFAULT_WEIGHT_DECAY = 0.01
 
 @dataclass(frozen=True)
 class OptimizerOptions:
-    """What ``autosp.compile(..., optim=...)`` builds: AdamW(lr, weight_decay) and the schedule over
+    """What ``CompileOptions(optim=...)`` builds: AdamW(lr, weight_decay) and the schedule over
     ``total_steps`` optimizer steps (needed by linear and cosine; constant ignores it)."""
 
     lr: float = 1e-4

@@ -275,7 +275,7 @@ def _run_one(cfg: RunConfig, rank: int, world: int, device, hardware) -> dict:
     plan = make_plan(cfg, hardware)
     model = _build_model(cfg, device)
     t0 = time.perf_counter()
-    engine = autosp.compile(model, plan=plan, backend=cfg.backend, dtype=cfg.dtype)
+    engine = autosp.compile(model, plan, options=autosp.CompileOptions(backend=cfg.backend, dtype=cfg.dtype))
     del model
     ids, labels, extra = _batch(cfg)
 

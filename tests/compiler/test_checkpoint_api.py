@@ -18,6 +18,8 @@ import os
 
 import pytest
 
+from autosp.contract.specs import Candidate
+
 TOL = 1e-5
 RESUME_TOL = 1e-6
 SEQ = 32
@@ -54,13 +56,13 @@ def _batches(n, rows=2, vocab=96):
     return [torch.randint(0, vocab, (rows, SEQ), generator=gen) for _ in range(n)]
 
 
-def _engine(model, dtype="fp32", **plan):
+def _engine(model, plan, dtype="fp32"):
     import torch
 
     import autosp
 
-    return autosp.compile(model, dtype=dtype, backend="aot_eager",
-                          optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2), **plan)
+    return autosp.compile(model, plan, options=autosp.CompileOptions(
+        dtype=dtype, backend="aot_eager", optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2)))
 
 
 def _train(engine, batches):
@@ -86,7 +88,7 @@ def _checks(rank, world, tmp):
     # Export from ZeRO-0 and ZeRO-3 checkpoints of HF Llama and Qwen2 and of the reference Llama (as LlamaForCausalLM)
     for family, zero in (("llama", 0), ("llama", 3), ("qwen2", 0), ("qwen2", 3), ("reference", 0)):
         model = _reference_model(1) if family == "reference" else _hf_model(family, 1)
-        engine = _engine(model, sp_size=2, zero_stage=zero, micro_batch=2)
+        engine = _engine(model, Candidate(sp=2, zero_stage=zero, micro_batch=2))
         _train(engine, batches[:2])
         path = engine.save_checkpoint(os.path.join(tmp, f"{family}-z{zero}"))
         out[f"files {family} z{zero}"] = sorted(os.listdir(path))
@@ -107,28 +109,28 @@ def _checks(rank, world, tmp):
     # (what was saved is step 2's state). Load into SP=2 ring 2 at ZeRO-3 and into SP=1 x DP=2 at ZeRO-1 (both
     # micro-batches give the same 2 sequences per step): the same losses.
     saved = os.path.join(tmp, "resume-z0")
-    engine = _engine(_hf_model("llama", 1), sp_size=2, zero_stage=0, micro_batch=2)
+    engine = _engine(_hf_model("llama", 1), Candidate(sp=2, zero_stage=0, micro_batch=2))
     _train(engine, batches[:2])
     pending = checkpoint.save_engine_checkpoint(engine, saved, asynchronous=True)
     reference = _train(engine, batches[2:4])
     pending.wait()
     for name, plan, source, ref in (
-            ("ring2 z3", dict(sp_size=2, ring_size=2, zero_stage=3, micro_batch=2), saved, reference),
-            ("sp1 dp2 z1", dict(sp_size=1, zero_stage=1, micro_batch=1), saved, reference),
-            ("z3 -> sp1 dp2 z0", dict(sp_size=1, zero_stage=0, micro_batch=1), os.path.join(tmp, "llama-z3"),
+            ("ring2 z3", Candidate(sp=2, ring=2, zero_stage=3, micro_batch=2), saved, reference),
+            ("sp1 dp2 z1", Candidate(sp=1, dp=2, zero_stage=1, micro_batch=1), saved, reference),
+            ("z3 -> sp1 dp2 z0", Candidate(sp=1, dp=2, zero_stage=0, micro_batch=1), os.path.join(tmp, "llama-z3"),
              out["z3 reference"])):
-        other = _engine(_hf_model("llama", 99), **plan)  # other initial weights: all must come from the checkpoint
+        other = _engine(_hf_model("llama", 99), plan)  # other initial weights: all must come from the checkpoint
         meta = other.load_checkpoint(source)
         losses = _train(other, batches[2:4])
         out[f"resume {name}"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), meta["step"])
 
     # bf16 at ZeRO-0 (DeepSpeed keeps an fp32 copy of each parameter, the optimizer's states under it) into
     # bf16 at ZeRO-3
-    bf16 = _engine(_hf_model("llama", 1), sp_size=2, zero_stage=0, micro_batch=2, dtype="bf16")
+    bf16 = _engine(_hf_model("llama", 1), Candidate(sp=2, zero_stage=0, micro_batch=2), dtype="bf16")
     _train(bf16, batches[:2])
     path = bf16.save_checkpoint(os.path.join(tmp, "bf16-z0"))
     ref = _train(bf16, batches[2:4])
-    other = _engine(_hf_model("llama", 99), sp_size=2, zero_stage=3, micro_batch=2, dtype="bf16")
+    other = _engine(_hf_model("llama", 99), Candidate(sp=2, zero_stage=3, micro_batch=2), dtype="bf16")
     other.load_checkpoint(path)
     losses = _train(other, batches[2:4])
     out["resume bf16 z0 -> z3"] = (max(abs(a - b) / abs(b) for a, b in zip(losses, ref)), 2)
@@ -214,7 +216,7 @@ def _version_1_checkpoint(rank, tmp, batches):
         hf = transformers.AutoModelForCausalLM.from_pretrained(export_hf(path, os.path.join(tmp, "hf-version-1")))
         exported = max((a - b).abs().max().item() for a, b in zip(hf.parameters(), model.parameters()))
     expected = [step(ids) for ids in batches[2:4]]
-    engine = _engine(_hf_model("llama", 99), sp_size=2, zero_stage=1, micro_batch=2)
+    engine = _engine(_hf_model("llama", 99), Candidate(sp=2, zero_stage=1, micro_batch=2))
     engine.load_checkpoint(path)
     losses = _train(engine, batches[2:4])
     return max(abs(a - b) / abs(b) for a, b in zip(losses, expected)), exported

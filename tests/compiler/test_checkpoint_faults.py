@@ -27,8 +27,9 @@ config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_si
                                   num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
                                   use_cache=False)
 torch.manual_seed(0)
-engine = autosp.compile(transformers.LlamaForCausalLM(config), sp_size=1, dtype="fp32", backend="aot_eager",
-                        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+options = autosp.CompileOptions(dtype="fp32", backend="aot_eager",
+                                optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+engine = autosp.compile(transformers.LlamaForCausalLM(config), sp_size=1, options=options)
 ids = torch.randint(0, 64, (1, 16))
 for step in (1, 2):
     loss = engine(input_ids=ids, labels=ids)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 TOL = 1e-5
 VOCAB = 97
@@ -101,67 +102,72 @@ def adamw(params):
 
 Z3 = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}  # partition even tiny params
 
-# name -> (world, model factory, batch kwargs, compile kwargs, optimizer). Each case covers several features
+# name -> (world, model factory, batch kwargs, sp_run's plan= and options, optimizer). Each case covers several features
 # so the suite stays a few minutes on 2 cores (every case is a fresh compile).
 EXACT = {
     # reference model, positions derived by the model (position pass), S % P != 0 (padding)
-    "ref_sp2_pad": (2, reference_llama, dict(seq=31), dict(sp_size=2, micro_batch=2), sgd),
+    "ref_sp2_pad": (2, reference_llama, dict(seq=31), dict(plan=Candidate(sp=2, micro_batch=2)), sgd),
     # a new sequence length every step: one compilation per padded length, each with its own offsets
-    "ref_sp2_variable_lengths": (2, reference_llama, dict(seqs=(31, 24, 40)), dict(sp_size=2, micro_batch=2), sgd),
+    "ref_sp2_variable_lengths": (2, reference_llama, dict(seqs=(31, 24, 40)), dict(plan=Candidate(sp=2, micro_batch=2)),
+                                 sgd),
     # Inductor; tied embeddings; position_ids passed by the user; AdamW
     "ref_sp2_inductor_tied_position_ids_adamw": (2, lambda: reference_llama(tied=True), dict(seq=32, position_ids=True),
-                                                 dict(sp_size=2, micro_batch=2, backend="inductor"), adamw),
+                                                 dict(plan=Candidate(sp=2, micro_batch=2), backend="inductor"), adamw),
     # HF Llama: mask materialised by transformers (mask pass), repeat_kv peeled, labels is input_ids
     "hf_llama_sp2_position_ids_labels_are_ids": (2, lambda: hf_model("llama"),
                                                  dict(seq=32, position_ids=True, labels_are_ids=True),
-                                                 dict(sp_size=2, micro_batch=2), sgd),
+                                                 dict(plan=Candidate(sp=2, micro_batch=2)), sgd),
     # HF Mistral: one KV head < P (replicated), positions derived by HF (position pass), S % P != 0
     "hf_mistral_sp2_kv1_pad": (2, lambda: hf_model("mistral", n_kv=1), dict(seq=31),
-                               dict(sp_size=2, micro_batch=2), sgd),
+                               dict(plan=Candidate(sp=2, micro_batch=2)), sgd),
     # HF Qwen2 (qkv bias) with a right-padded attention_mask
     "hf_qwen2_sp2_right_padding_mask": (2, lambda: hf_model("qwen2"), dict(seq=32, pad_mask=True),
-                                        dict(sp_size=2, micro_batch=2), sgd),
+                                        dict(plan=Candidate(sp=2, micro_batch=2)), sgd),
     # SP=4: one KV head replicated 4x, S % 4 != 0, AdamW
-    "ref_sp4_kv1_pad_adamw": (4, lambda: reference_llama(n_kv=1), dict(seq=30), dict(sp_size=4, micro_batch=2),
+    "ref_sp4_kv1_pad_adamw": (4, lambda: reference_llama(n_kv=1), dict(seq=30),
+                              dict(plan=Candidate(sp=4, micro_batch=2)),
                               adamw),
     # SP=4 on HF Llama: 2 KV heads (P % n_kv == 0), positions derived by HF
-    "hf_llama_sp4_kv2": (4, lambda: hf_model("llama"), dict(seq=32), dict(sp_size=4, micro_batch=2), sgd),
+    "hf_llama_sp4_kv2": (4, lambda: hf_model("llama"), dict(seq=32), dict(plan=Candidate(sp=4, micro_batch=2)), sgd),
     # SP=2 x DP=2 at every ZeRO stage (DeepSpeed sees all 4 ranks as data parallel)
-    "hf_qwen2_sp2_dp2_zero0": (4, lambda: hf_model("qwen2"), dict(seq=32), dict(sp_size=2, dp_size=2, micro_batch=1),
+    "hf_qwen2_sp2_dp2_zero0": (4, lambda: hf_model("qwen2"), dict(seq=32),
+                               dict(plan=Candidate(sp=2, dp=2, micro_batch=1)),
                                sgd),
     # ... with gradient accumulation over 2 micro-batches (3 optimizer steps)
     "ref_sp2_dp2_zero1_grad_accum2": (4, reference_llama, dict(seq=32, steps=6),
-                                      dict(sp_size=2, dp_size=2, zero_stage=1, micro_batch=1, grad_accum=2), sgd),
+                                      dict(plan=Candidate(sp=2, dp=2, zero_stage=1, micro_batch=1, grad_accum=2)), sgd),
     "ref_sp2_dp2_zero2_adamw": (4, reference_llama, dict(seq=31),
-                                dict(sp_size=2, dp_size=2, zero_stage=2, micro_batch=1), adamw),
+                                dict(plan=Candidate(sp=2, dp=2, zero_stage=2, micro_batch=1)), adamw),
     "ref_sp2_dp2_zero3": (4, reference_llama, dict(seq=32),
-                          dict(sp_size=2, dp_size=2, zero_stage=3, micro_batch=1, ds_config=Z3), sgd),
+                          dict(plan=Candidate(sp=2, dp=2, zero_stage=3, micro_batch=1), ds_config=Z3), sgd),
     # ZeRO-3 on HF: the mask reaches the layer's graph as an input (verified numerically), KV heads < P
     "hf_llama_sp2_dp2_zero3_kv1": (4, lambda: hf_model("llama", n_kv=1), dict(seq=31),
-                                   dict(sp_size=2, dp_size=2, zero_stage=3, micro_batch=1, ds_config=Z3), sgd),
+                                   dict(plan=Candidate(sp=2, dp=2, zero_stage=3, micro_batch=1), ds_config=Z3), sgd),
 }
 
 # bf16 (DeepSpeed bf16 weights, fp32 master weights) against the fp32 single-process run: bf16 tolerances
 BF16 = {
-    "ref_sp2_bf16_zero2": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2, zero_stage=2,
+    "ref_sp2_bf16_zero2": (2, reference_llama, dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=2),
                                                                   dtype="bf16"), sgd),
 }
 BF16_TOL = {"loss": 1e-3, "grad": 5e-2, "weight": 1e-2}
 
 # name -> (world, model factory, batch kwargs, compile kwargs, expected message fragment)
 ERRORS = {
-    "eager_attention": (2, lambda: hf_model("llama", attn="eager"), dict(seq=32), dict(sp_size=2, micro_batch=2),
+    "eager_attention": (2, lambda: hf_model("llama", attn="eager"), dict(seq=32),
+                        dict(plan=Candidate(sp=2, micro_batch=2)),
                         "no attention found"),
-    "graph_break": (2, GraphBreakLlama, dict(seq=32), dict(sp_size=2, micro_batch=2),
+    "graph_break": (2, GraphBreakLlama, dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2)),
                     "graph break in the model at"),
     "heads_not_divisible": (2, lambda: reference_llama(n_kv=1, n_heads=3), dict(seq=32),
-                            dict(sp_size=2, micro_batch=2), "3 query heads do not divide over 2"),
+                            dict(plan=Candidate(sp=2, micro_batch=2)), "3 query heads do not divide over 2"),
     "kv_heads_incompatible": (2, lambda: reference_llama(n_kv=3, n_heads=6), dict(seq=32),
-                              dict(sp_size=2, micro_batch=2), "3 key/value heads are incompatible with 2"),
-    "world_size_mismatch": (2, reference_llama, dict(seq=32), dict(sp_size=2, dp_size=2, micro_batch=1),
+                              dict(plan=Candidate(sp=2, micro_batch=2)), "3 key/value heads are incompatible with 2"),
+    "world_size_mismatch": (2, reference_llama, dict(seq=32), dict(plan=Candidate(sp=2, dp=2, micro_batch=1)),
                             "needs dp x sp = 2 x 2 = 4 processes but 2 were launched"),
-    "labels_at_pads": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "labels at padded positions"),
-    "left_padding": (2, reference_llama, dict(seq=32), dict(sp_size=2, micro_batch=2), "left-padded"),
+    "labels_at_pads": (2, reference_llama, dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2)),
+                       "labels at padded positions"),
+    "left_padding": (2, reference_llama, dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2)), "left-padded"),
 }
 
 
@@ -188,7 +194,7 @@ def run_cases(rank, world, names):
             compile_kw = {"backend": "aot_eager", **compile_kw}
             got = testing.sp_run(model, batches, optimizer, **compile_kw)
             if rank == 0:
-                ref = testing.reference_run(model, batches, optimizer, grad_accum=compile_kw.get("grad_accum", 1))
+                ref = testing.reference_run(model, batches, optimizer, grad_accum=compile_kw["plan"].grad_accum)
                 return {"errors": testing.compare(got, ref), "stats": got["stats"], "grad_norm": ref["grad_norm"],
                         "clip": ref["clip"]}
             return None

@@ -28,6 +28,7 @@ from test_compiler_exact import TOL, VOCAB, Z3, make_batches, sgd  # noqa: E402
 from test_compiler_packed import packed_batches  # noqa: E402
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 N_EXPERTS = 4
 
@@ -91,65 +92,59 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
 
-# name -> (world, model factory, batches, compile kwargs[, optimizer]); compile kwargs' plan_knobs: a Candidate's
-# fields beyond sp, micro_batch and zero_stage. Each case combines several features (every case is a fresh
-# compile and DeepSpeed engine: the cost of this file), the two worlds are two spawned jobs.
+# name -> (world, model factory, batches, sp_run's plan= and options[, optimizer]). Each case combines several
+# features (every case is a fresh compile and DeepSpeed engine: the cost of this file), the two worlds are two
+# spawned jobs.
 EXACT = {
     # tied embeddings at ZeRO-3 with a tiled loss (S % P != 0 for Llama)
     "llama_tied_zero3_loss3": (2, lambda: tied("llama"), dict(seq=31),
-                               dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3,
-                                    plan_knobs=dict(loss_chunks=3)), sgd),
+                               dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3, loss_chunks=3), ds_config=Z3),
+                               sgd),
     "qwen3_tied_zero3_loss3": (2, lambda: tied("qwen3"), dict(seq=32),
-                               dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3,
-                                    plan_knobs=dict(loss_chunks=3)), sgd),
+                               dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3, loss_chunks=3), ds_config=Z3),
+                               sgd),
     # Gemma 2, Ulysses SP 2: capped attention in span attention (with the sliding window), the final-logit cap
     # inside the tiled loss, query pre-attention scale
     "gemma2_sp2_loss3": (2, lambda: gemma(2), dict(seq=32),
-                         dict(sp_size=2, micro_batch=2, zero_stage=0, plan_knobs=dict(loss_chunks=3)), sgd),
+                         dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=0, loss_chunks=3)), sgd),
     # Gemma 2 and 3 with a pure ring of 2: capped (Gemma 2) and windowed blocks passed around the ring
-    "gemma2_sp2_ring2": (2, lambda: gemma(2), dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
-    "gemma3_sp2_ring2": (2, lambda: gemma(3), dict(seq=32), dict(sp_size=2, micro_batch=2, ring_size=2), sgd),
+    "gemma2_sp2_ring2": (2, lambda: gemma(2), dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, ring=2)), sgd),
+    "gemma3_sp2_ring2": (2, lambda: gemma(3), dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, ring=2)), sgd),
     # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss, S % P
     "qwen3_moe_sp2_ep2_zero3_aux_pad": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31),
-                                        dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=3, ds_config=Z3)),
+                                        dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=3), ds_config=Z3)),
     # Mixtral, EP 2, ZeRO-1 (DeepSpeed's MoE optimizer groups)
     "mixtral_sp2_ep2_zero1": (2, lambda: moe_model("mixtral"), dict(seq=32),
-                              dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=1)),
+                              dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1))),
     # OLMoE, EP 2, ZeRO-2, aux loss
     "olmoe_sp2_ep2_zero2_aux": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
-                                dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=2)),
+                                dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=2))),
     # SP 2 x DP 2, EP 2 inside each SP group, aux loss over all 4 ranks
     "qwen3_moe_sp2_dp2_ep2_aux": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
-                                  dict(sp_size=2, dp_size=2, micro_batch=1, ep_size=2)),
+                                  dict(plan=Candidate(sp=2, dp=2, micro_batch=1, ep=2))),
     # SP 4 alone (autosp's expert op instead of HF's data-dependent loop), packed documents (seq_lens)
-    "qwen3_moe_sp4_packed": (4, lambda: moe_model("qwen3_moe"), "packed", dict(sp_size=4, micro_batch=2)),
+    "qwen3_moe_sp4_packed": (4, lambda: moe_model("qwen3_moe"), "packed", dict(plan=Candidate(sp=4, micro_batch=2))),
     # Mixtral at SP 4, EP 4 (one expert per rank), ZeRO-3
     "mixtral_sp4_ep4_zero3": (4, lambda: moe_model("mixtral"), dict(seq=32),
-                              dict(sp_size=4, micro_batch=2, ep_size=4, zero_stage=3, ds_config=Z3)),
+                              dict(plan=Candidate(sp=4, micro_batch=2, ep=4, zero_stage=3), ds_config=Z3)),
     # OLMoE at SP 4, EP 2, the MoE MLP tiled (mlp_chunks 2: the expert op dispatches two token pieces)
     "olmoe_sp4_ep2_mlp2": (4, lambda: moe_model("olmoe"), dict(seq=32),
-                           dict(sp_size=4, micro_batch=2, ep_size=2, zero_stage=0, plan_knobs=dict(mlp_chunks=2))),
+                           dict(plan=Candidate(sp=4, micro_batch=2, ep=2, zero_stage=0, mlp_chunks=2))),
 }
 
 ERRORS = {
-    "ep_not_dividing_experts": (lambda: moe_model("mixtral", n_experts=3), dict(sp_size=2, micro_batch=2, ep_size=2),
+    "ep_not_dividing_experts": (lambda: moe_model("mixtral", n_experts=3), Candidate(sp=2, micro_batch=2, ep=2),
                                 "does not divide"),
 }
 
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.contract.specs import Candidate
 
     def run_one(name):
         _, factory, batch_kw, compile_kw, *optimizer = EXACT[name]
         optimizer = optimizer[0] if optimizer else adamw
         compile_kw = {"backend": "aot_eager", **compile_kw}
-        knobs = compile_kw.pop("plan_knobs", None)
-        if knobs:
-            compile_kw["plan"] = Candidate(sp=compile_kw.pop("sp_size"), micro_batch=compile_kw.pop("micro_batch"),
-                                           zero_stage=compile_kw.pop("zero_stage"), ep=compile_kw.pop("ep_size", 1),
-                                           **knobs)
         model = factory()
         if batch_kw == "packed":
             batches, loss_fn = packed_batches(form="seq_lens"), testing.packed_loss
@@ -168,12 +163,13 @@ def run_cases(rank, world, names):
 def run_errors(rank, world, names):
     from autosp.compiler import testing
     from autosp.compiler.api import compile_model
+    from autosp.compiler.options import CompileOptions
     from autosp.errors import UsageError
 
     def run_one(name):
-        factory, compile_kw, _ = ERRORS[name]
+        factory, plan, _ = ERRORS[name]
         try:
-            compile_model(factory(), backend="aot_eager", **compile_kw)
+            compile_model(factory(), plan, options=CompileOptions(backend="aot_eager"))
         except UsageError as err:
             return {"error": str(err)}
         return {"error": None}

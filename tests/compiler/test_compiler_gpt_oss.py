@@ -27,6 +27,7 @@ from test_compiler_exact import TOL, VOCAB, Z3, make_batches, sgd  # noqa: E402
 from test_compiler_packed import packed_batches  # noqa: E402
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 WINDOW = 6
 
@@ -54,40 +55,36 @@ def gpt_oss(aux=False):
     return model
 
 
-# name -> (batches, compile kwargs, plan knobs beyond sp / micro_batch / zero_stage / ep)
+# name -> (batches, sp_run's plan= and options)
 EXACT = {
     # S % P != 0; the head pipeline (2 local heads: one ring of groups, each with its heads' sinks); the experts op
     # in token pieces (mlp_chunks)
-    "sp2_pad_head_pipeline_mlp2": (dict(seq=31), dict(sp_size=2, micro_batch=2, zero_stage=0),
-                                   dict(overlap="head_pipeline", mlp_chunks=2)),
+    "sp2_pad_head_pipeline_mlp2": (dict(seq=31), dict(plan=Candidate(sp=2, micro_batch=2, overlap="head_pipeline",
+                                                                     mlp_chunks=2))),
     # ZeRO-3 (each layer's attention traced in its own frame: windowed and global layers compiled apart) with
     # packed documents crossing the shard boundary, and the knobs autosp-plan picks for gpt-oss-20b at 128k on
     # h100x8 (selective checkpointing, activation offload, the head pipeline)
     "sp2_zero3_packed_selective_offload_head_pipeline": (
-        "packed", dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3),
-        dict(checkpointing="selective", offload_activations=True, overlap="head_pipeline")),
+        "packed", dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3, checkpointing="selective",
+                                      offload_activations=True, overlap="head_pipeline"), ds_config=Z3)),
     # EP 2 = the SP group (experts and their biases sharded), the load-balancing loss over the batch, S % P != 0
-    "sp2_ep2_zero1_aux_pad": (dict(seq=31), dict(sp_size=2, micro_batch=2, ep_size=2, zero_stage=1), {}),
+    "sp2_ep2_zero1_aux_pad": (dict(seq=31), dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1))),
     # pure ring of 2 (SP 2 = 1 x 2): the sinks join the ring's log-sum-exp merge once; packed documents; with
     # sequence checkpointing and the tiled loss, as gpt-oss-120b's plan at 128k on 2 x h100x8
-    "sp2_ring2_packed_sequence_loss2": ("packed", dict(sp_size=2, micro_batch=2, zero_stage=0),
-                                        dict(ring=2, checkpointing="sequence", loss_chunks=2)),
+    "sp2_ring2_packed_sequence_loss2": ("packed", dict(plan=Candidate(sp=2, micro_batch=2, ring=2,
+                                                                      checkpointing="sequence", loss_chunks=2))),
     # sequence-chunked layers (sinks merged after the key chunks), K/V all-to-alls overlapped
-    "sp2_chunks2_kv_async": (dict(seq=32), dict(sp_size=2, micro_batch=2, zero_stage=0),
-                             dict(sequence_chunks=2, overlap="kv_async")),
+    "sp2_chunks2_kv_async": (dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, sequence_chunks=2,
+                                                               overlap="kv_async"))),
 }
 
 
 def run_world2(rank, world):
     from autosp.compiler import testing
-    from autosp.contract.specs import Candidate
 
     def run_one(name):
-        batch_kw, compile_kw, knobs = EXACT[name]
+        batch_kw, compile_kw = EXACT[name]
         compile_kw = {"backend": "aot_eager", **compile_kw}
-        if knobs:
-            compile_kw["plan"] = Candidate(sp=compile_kw.pop("sp_size"), micro_batch=compile_kw.pop("micro_batch"),
-                                           zero_stage=compile_kw.pop("zero_stage"), **knobs)
         model = gpt_oss(aux="aux" in name)
         if batch_kw == "packed":
             batches, loss_fn = packed_batches(form="seq_lens"), testing.packed_loss

@@ -58,8 +58,8 @@ def run_cases(rank, world, names):
     def run_one(name):
         fields, compile_kw = CASES[name]
         model, batches = reference_llama(), make_batches(batch=BATCH, seq=SEQ)
-        engine = autosp.compile(copy.deepcopy(model), plan=_candidate(fields), optimizer=sgd,
-                                **{"backend": "aot_eager", **compile_kw})
+        options = autosp.CompileOptions(optimizer=sgd, **{"backend": "aot_eager", **compile_kw})
+        engine = autosp.compile(copy.deepcopy(model), _candidate(fields), options=options)
         losses, grads, saved, moved = [], None, None, 0
         for step, batch in enumerate(batches):
             before = OFFLOADED["bytes"]

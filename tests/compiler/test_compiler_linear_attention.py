@@ -22,6 +22,7 @@ from test_compiler_exact import TOL, VOCAB, Z3, make_batches, sgd  # noqa: E402
 from test_compiler_packed import packed_batches  # noqa: E402
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 LINEAR = dict(linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
               layer_types=["linear_attention", "full_attention"])
@@ -76,39 +77,32 @@ def slow_decay(model):
 
 FACTORIES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": lambda: qwen3_5(moe=True)}
 
-# name -> (model, batches, compile kwargs)
+# name -> (model, batches, sp_run's plan= and options)
 EXACT = {
-    "qwen3_next_sp2_pad": ("qwen3_next", dict(seq=31), dict(sp_size=2, micro_batch=2)),
+    "qwen3_next_sp2_pad": ("qwen3_next", dict(seq=31), dict(plan=Candidate(sp=2, micro_batch=2))),
     "qwen3_5_sp2_pad_selective": ("qwen3_5", dict(seq=31),
-                                  dict(sp_size=2, micro_batch=2, plan_knobs=dict(checkpointing="selective"))),
+                                  dict(plan=Candidate(sp=2, micro_batch=2, checkpointing="selective"))),
     # the core in pieces of 16 tokens (the state and the conv's window passed from piece to piece)
     "qwen3_next_sp2_zero3_packed_pad_pieces": ("qwen3_next", "packed_pad",
-                                               dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3, piece=16)),
+                                               dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3), ds_config=Z3,
+                                                    piece=16)),
     "qwen3_5_moe_sp2_zero3_packed": ("qwen3_5_moe", "packed",
-                                     dict(sp_size=2, micro_batch=2, zero_stage=3, ds_config=Z3)),
+                                     dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3), ds_config=Z3)),
 }
 
 ERRORS = {
-    "ring": ("qwen3_next", dict(sp_size=2, micro_batch=2, ring_size=2), "ring=2"),
-    "sequence_chunks": ("qwen3_next", dict(sp_size=2, micro_batch=2, plan_knobs=dict(sequence_chunks=2)),
+    "ring": ("qwen3_next", dict(plan=Candidate(sp=2, micro_batch=2, ring=2)), "ring=2"),
+    "sequence_chunks": ("qwen3_next", dict(plan=Candidate(sp=2, micro_batch=2, sequence_chunks=2)),
                         "sequence_chunks=2"),
-    "heads": (lambda: qwen3_5(n_k=1, n_v=1), dict(sp_size=2, micro_batch=2), "do not divide the 1 linear value heads"),
+    "heads": (lambda: qwen3_5(n_k=1, n_v=1), dict(plan=Candidate(sp=2, micro_batch=2)),
+              "do not divide the 1 linear value heads"),
 }
-
-
-def _compile_kwargs(kwargs):
-    from autosp.contract.specs import Candidate
-
-    kwargs = {"backend": "aot_eager", **kwargs}
-    knobs = kwargs.pop("plan_knobs", None)
-    if knobs:
-        kwargs["plan"] = Candidate(sp=kwargs.pop("sp_size"), micro_batch=kwargs.pop("micro_batch"), **knobs)
-    return kwargs
 
 
 def run_world2(rank, world):
     from autosp.compiler import linear_attention, ops, testing
     from autosp.compiler.api import compile_model
+    from autosp.compiler.options import CompileOptions
     from autosp.errors import UsageError
 
     default_piece = linear_attention.PIECE_TOKENS
@@ -127,7 +121,7 @@ def run_world2(rank, world):
         compile_kw = dict(compile_kw)
         linear_attention.PIECE_TOKENS = compile_kw.pop("piece", default_piece)
         try:
-            got = testing.sp_run(model, batches, sgd, **_compile_kwargs(compile_kw))
+            got = testing.sp_run(model, batches, sgd, **{"backend": "aot_eager", **compile_kw})
         finally:
             linear_attention.PIECE_TOKENS = default_piece
         calls = {k: ops.CALLS[k] - before.get(k, 0) for k in ("gated_delta_core", "gated_delta_core_backward")}
@@ -140,7 +134,7 @@ def run_world2(rank, world):
         kind, compile_kw, _ = ERRORS[name]
         model = FACTORIES[kind]() if isinstance(kind, str) else kind()
         try:
-            compile_model(model, **_compile_kwargs(compile_kw))
+            compile_model(model, compile_kw["plan"], options=CompileOptions(backend="aot_eager"))
         except UsageError as err:
             return {"error": str(err)}
         return {"error": None}

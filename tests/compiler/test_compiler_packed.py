@@ -19,6 +19,7 @@ import torch
 from test_compiler_exact import TOL, VOCAB, Z3, hf_model, reference_llama, sgd  # noqa: E402
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 SEQ = 32
 # documents per row and step: every rank boundary of SP=4 (8, 16, 24) and of SP=2 (16) lies inside a
@@ -74,63 +75,63 @@ def qwen2_mixed(window=6):
     return hf_model("qwen2", use_sliding_window=True, sliding_window=window, max_window_layers=1)
 
 
-# name -> (model factory, batch kwargs, compile kwargs; a dict "plan" becomes a Candidate)
+# name -> (model factory, batch kwargs, sp_run's plan= and options)
 EXACT = {
     # Ulysses SP=4, two rows packed differently, KV heads replicated (2 KV heads on 4 ranks)
-    "llama_sp4_rows": (reference_llama, dict(), dict(sp_size=4, micro_batch=2)),
+    "llama_sp4_rows": (reference_llama, dict(), dict(plan=Candidate(sp=4, micro_batch=2))),
     # SP=2 x DP=2, ZeRO-1, documents given as seq_lens, S % P != 0 (31 tokens, padded)
     "llama_sp2_dp2_zero1_seq_lens_pad": (reference_llama, dict(form="seq_lens", trim=1),
-                                         dict(plan=dict(sp=2, dp=2, zero_stage=1, micro_batch=1))),
+                                         dict(plan=Candidate(sp=2, dp=2, zero_stage=1, micro_batch=1))),
     # ZeRO-3, SP 2 x DP 2: layers are graph fragments
-    "llama_sp2_dp2_zero3": (reference_llama, dict(), dict(plan=dict(sp=2, dp=2, zero_stage=3, micro_batch=1),
+    "llama_sp2_dp2_zero3": (reference_llama, dict(), dict(plan=Candidate(sp=2, dp=2, zero_stage=3, micro_batch=1),
                                                           ds_config=Z3)),
     # HF Llama, U 2 x R 2 ring (documents cross the zigzag chunks), cu_seq_lens; joint graphs shape-checked
     "hf_llama_u2r2_cu_seq_lens_shapes": (lambda: hf_model("llama"),
                                          dict(rows=1, form="cu_seq_lens", seq=SHAPES_SEQ, packings=SHAPES_PACKINGS),
-                                         dict(sp_size=4, ring_size=2, micro_batch=1)),
+                                         dict(plan=Candidate(sp=4, ring=2, micro_batch=1))),
     # HF Mistral, sliding window 5 < S, SP=4 (the window crosses shard boundaries); shapes checked
     "hf_mistral_window5_sp4_shapes": (mistral, dict(rows=1, seq=SHAPES_SEQ, packings=SHAPES_PACKINGS),
-                                      dict(sp_size=4, micro_batch=1)),
+                                      dict(plan=Candidate(sp=4, micro_batch=1))),
     # HF Mistral window 5 on a U 2 x R 2 ring: the window crosses ring blocks
-    "hf_mistral_window5_u2r2": (mistral, dict(), dict(sp_size=4, ring_size=2, micro_batch=2)),
+    "hf_mistral_window5_u2r2": (mistral, dict(), dict(plan=Candidate(sp=4, ring=2, micro_batch=2))),
     # HF Qwen2, layer 0 global, layer 1 window 6 (the layer read from the module path), SP 4
-    "hf_qwen2_mixed_window_sp4": (qwen2_mixed, dict(rows=1), dict(sp_size=4, micro_batch=1)),
+    "hf_qwen2_mixed_window_sp4": (qwen2_mixed, dict(rows=1), dict(plan=Candidate(sp=4, micro_batch=1))),
     # the same under ZeRO-3 (one graph per layer: the layer read from its parameters)
     "hf_qwen2_mixed_window_zero3_sp4": (qwen2_mixed, dict(),
-                                        dict(plan=dict(sp=4, zero_stage=3, micro_batch=2), ds_config=Z3)),
+                                        dict(plan=Candidate(sp=4, zero_stage=3, micro_batch=2), ds_config=Z3)),
     # ZeRO-3 with a window of 10 > the 8 local tokens: both layers' masks are causal on a rank, only the
     # window attribute tells the layers apart
     "hf_qwen2_mixed_window10_zero3_sp4": (lambda: qwen2_mixed(10), dict(rows=1),
-                                          dict(plan=dict(sp=4, zero_stage=3, micro_batch=1), ds_config=Z3)),
+                                          dict(plan=Candidate(sp=4, zero_stage=3, micro_batch=1), ds_config=Z3)),
     # knobs on packed data: full checkpointing, MLP and loss tiling, U 2 x R 2
     "llama_u2r2_full_mlp2_loss2": (reference_llama, dict(),
-                                   dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="full", mlp_chunks=2,
-                                                  loss_chunks=2))),
+                                   dict(plan=Candidate(sp=4, ring=2, micro_batch=2, checkpointing="full", mlp_chunks=2,
+                                                       loss_chunks=2))),
     # knobs: selective checkpointing + head pipeline, Ulysses SP=2 x DP 2
     "llama_sp2_dp2_selective_head_pipeline": (lambda: reference_llama(n_kv=2, n_heads=8), dict(),
-                                              dict(plan=dict(sp=2, dp=2, micro_batch=1, checkpointing="selective",
-                                                             overlap="head_pipeline"))),
+                                              dict(plan=Candidate(sp=2, dp=2, micro_batch=1, checkpointing="selective",
+                                                                  overlap="head_pipeline"))),
     # sequence-chunked layers on packed documents (documents cross the chunks as well as the ranks):
     # SP=2 x DP 2, 3 uneven chunks of the 16 local tokens, seq_lens
     "llama_sp2_dp2_chunks3_seq_lens": (reference_llama, dict(form="seq_lens"),
-                                       dict(plan=dict(sp=2, dp=2, micro_batch=1, sequence_chunks=3))),
+                                       dict(plan=Candidate(sp=2, dp=2, micro_batch=1, sequence_chunks=3))),
     # SP=4, two rows packed differently, 2 chunks kept in host memory, full checkpointing
     "llama_sp4_rows_chunks2_offload_full": (reference_llama, dict(),
-                                            dict(plan=dict(sp=4, micro_batch=2, sequence_chunks=2, offload_chunks=True,
-                                                           checkpointing="full"))),
+                                            dict(plan=Candidate(sp=4, micro_batch=2, sequence_chunks=2,
+                                                                offload_chunks=True, checkpointing="full"))),
     # U 2 x R 2 ring with 2 chunks: the documents cross zigzag blocks and chunks
-    "llama_u2r2_chunks2": (reference_llama, dict(), dict(plan=dict(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
+    "llama_u2r2_chunks2": (reference_llama, dict(),
+                           dict(plan=Candidate(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
     # sliding window 5 across chunks (4 local tokens a chunk), SP=4; and on a U 2 x R 2 ring
-    "hf_mistral_window5_sp4_chunks2": (mistral, dict(), dict(plan=dict(sp=4, micro_batch=2, sequence_chunks=2))),
+    "hf_mistral_window5_sp4_chunks2": (mistral, dict(), dict(plan=Candidate(sp=4, micro_batch=2, sequence_chunks=2))),
     "hf_mistral_window5_u2r2_chunks2": (mistral, dict(),
-                                        dict(plan=dict(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
+                                        dict(plan=Candidate(sp=4, ring=2, micro_batch=2, sequence_chunks=2))),
     # a global and a windowed layer under ZeRO-3, chunked
     "hf_qwen2_mixed_window_zero3_chunks2": (qwen2_mixed, dict(),
-                                            dict(plan=dict(sp=4, zero_stage=3, micro_batch=2, sequence_chunks=2),
+                                            dict(plan=Candidate(sp=4, zero_stage=3, micro_batch=2, sequence_chunks=2),
                                                  ds_config=Z3)),
 }
-CHUNKED = [name for name, (_, _, kw) in EXACT.items() if isinstance(kw.get("plan"), dict)
-           and kw["plan"].get("sequence_chunks", 1) > 1]
+CHUNKED = [name for name, (_, _, kw) in EXACT.items() if kw["plan"].sequence_chunks > 1]
 
 
 def _record_joint_graph_shapes(shapes: list):
@@ -141,13 +142,10 @@ def _record_joint_graph_shapes(shapes: list):
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.contract.specs import Candidate
 
     def run_one(name):
         factory, batch_kw, compile_kw = EXACT[name]
         compile_kw = {"backend": "aot_eager", **compile_kw}
-        if isinstance(compile_kw.get("plan"), dict):
-            compile_kw["plan"] = Candidate(**compile_kw["plan"])
         model, batches = factory(), packed_batches(**batch_kw)
         shapes: list = []
         restore = _record_joint_graph_shapes(shapes) if name.endswith("_shapes") else None
@@ -194,8 +192,8 @@ def test_chunked_cases_ran_their_layers_in_chunks(world4, name):
 @pytest.mark.parametrize("name", [n for n in EXACT if n.endswith("_shapes")])
 def test_no_sequence_by_sequence_tensor_for_packed_inputs(world4, name):
     shapes = _ok(world4, name)["shapes"]
-    compile_kw = EXACT[name][2]
-    sp, ring = compile_kw["sp_size"], compile_kw.get("ring_size", 1)
+    plan = EXACT[name][2]["plan"]
+    sp, ring = plan.sp, plan.ring
     s = SHAPES_SEQ // sp
     sequence_sizes = {s, s * (sp // ring), SHAPES_SEQ}  # a rank's tokens, a ring block, the whole sequence
     assert any(sum(d in sequence_sizes for d in shape) == 1 and len(shape) == 4 for shape in shapes)

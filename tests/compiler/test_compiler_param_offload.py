@@ -21,12 +21,14 @@ PLAN = dict(sp=2, micro_batch=2, zero_stage=3, offload_optimizer=True, offload_p
 def _train(rank, world):
     from autosp.compiler import testing
     from autosp.compiler.api import compile_model
+    from autosp.compiler.options import CompileOptions
     from autosp.contract.specs import Candidate
 
     model = reference_llama()
     batches = make_batches(seq=31)
     got = testing.sp_run(model, batches, sgd, plan=Candidate(**PLAN), backend="aot_eager", ds_config=Z3)
-    probe = compile_model(reference_llama(), plan=Candidate(**PLAN), backend="aot_eager", optimizer=sgd, ds_config=Z3)
+    probe = compile_model(reference_llama(), Candidate(**PLAN),
+                          options=CompileOptions(backend="aot_eager", optimizer=sgd, ds_config=Z3))
     zero = probe.ds_engine.optimizer
     flags = {"offload_param": bool(getattr(zero, "offload_param", False)),
              "offload_optimizer": bool(getattr(zero, "offload_optimizer", False)),

@@ -1,7 +1,7 @@
 """2-D sequence parallelism (Ulysses x Ring) == single-process training, on CPU with gloo.
 
 One spawned world-4 job runs every case (the imports, DeepSpeed start-up and process groups are paid once):
-each builds an engine with ``ring_size`` > 1 (or a plan Candidate with ``ring``), trains 3 optimizer steps
+each builds an engine from a plan Candidate with ``ring`` > 1, trains 3 optimizer steps
 on full batches every rank receives, and rank 0 compares the loss of every step, every gradient of the
 first step and every weight after the last with one process training a copy on the full sequence (fp32,
 relative 1e-5; bf16 against the fp32 run with bf16 tolerances). The compiled joint (forward + backward)
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from test_compiler_exact import BF16_TOL, TOL, VOCAB, Z3, hf_model, make_batches, reference_llama, sgd  # noqa: E402
 
 from autosp.compiler.testing import assert_within
+from autosp.contract.specs import Candidate
 
 SHAPES_SEQ = 48  # sequence of the shape-checked cases: s = 12 per rank, blocks of 12 / 24, S = 48 (no model dim)
 
@@ -35,51 +36,52 @@ def _batches(ignore_span=None, **kw):
     return batches
 
 
-# name -> (model factory, batch kwargs, compile kwargs; a dict "plan" becomes a Candidate)
+# name -> (model factory, batch kwargs, sp_run's plan= and options)
 EXACT = {
     # pure ring (U 1 x R 4), 2 heads < P = 4, one KV head, S % P != 0 (30 -> 32), a chunk without targets
     "ring4_heads2_kv1_pad_ignore_chunk": (lambda: reference_llama(n_kv=1, n_heads=2),
                                           dict(seq=30, ignore_span=(26, 30)),
-                                          dict(sp_size=4, ring_size=4, micro_batch=2)),
+                                          dict(plan=Candidate(sp=4, ring=4, micro_batch=2))),
     # U 2 x R 2 with 2 heads (1 query and 1 KV head per Ulysses rank), S % P != 0
     "u2r2_heads2_pad": (lambda: reference_llama(n_kv=2, n_heads=2), dict(seq=31),
-                        dict(sp_size=4, ring_size=2, micro_batch=2)),
+                        dict(plan=Candidate(sp=4, ring=2, micro_batch=2))),
     # HF Llama, user position_ids (zigzag positions, HF told one sequence per row), labels is input_ids;
     # joint graphs shape-checked
     "hf_llama_u2r2_position_ids_shapes": (lambda: hf_model("llama"),
                                           dict(batch=1, seq=SHAPES_SEQ, position_ids=True, labels_are_ids=True),
-                                          dict(sp_size=4, ring_size=2, micro_batch=1)),
+                                          dict(plan=Candidate(sp=4, ring=2, micro_batch=1))),
     # HF Qwen2 (qkv bias), positions derived by HF (position pass, two spans per rank), right padding mask;
     # joint graphs shape-checked
     "hf_qwen2_ring4_padding_mask_shapes": (lambda: hf_model("qwen2"), dict(batch=1, seq=SHAPES_SEQ - 2, pad_mask=True),
-                                           dict(sp_size=4, ring_size=4, micro_batch=1)),
+                                           dict(plan=Candidate(sp=4, ring=4, micro_batch=1))),
     # SP 2 (pure ring of 2) x DP 2, ZeRO-1, gradient accumulation over 2 micro-batches (3 optimizer steps)
     "ring2_dp2_zero1_grad_accum2": (reference_llama, dict(seq=32, steps=6),
-                                    dict(plan=dict(sp=2, ring=2, dp=2, zero_stage=1, micro_batch=1, grad_accum=2))),
+                                    dict(plan=Candidate(sp=2, ring=2, dp=2, zero_stage=1, micro_batch=1,
+                                                        grad_accum=2))),
     # ZeRO-3, SP 2 x DP 2: layers are graph fragments, the runtime passes zigzag position_ids
     "ring2_dp2_zero3": (reference_llama, dict(seq=31),
-                        dict(plan=dict(sp=2, ring=2, dp=2, zero_stage=3, micro_batch=1), ds_config=Z3)),
+                        dict(plan=Candidate(sp=2, ring=2, dp=2, zero_stage=3, micro_batch=1), ds_config=Z3)),
     # ZeRO-3 on HF Llama, U 2 x R 2, one KV head (replicated over U): the mask reaches the layer as an input
     "hf_llama_u2r2_zero3_kv1": (lambda: hf_model("llama", n_kv=1), dict(seq=31),
-                                dict(plan=dict(sp=4, ring=2, zero_stage=3, micro_batch=2), ds_config=Z3)),
+                                dict(plan=Candidate(sp=4, ring=2, zero_stage=3, micro_batch=2), ds_config=Z3)),
     # every knob at once with U 2 x R 2: selective checkpointing + activation offload, MLP and loss tiling,
     # K/V all-to-alls overlapped
     "u2r2_selective_offload_mlp2_loss3_kv_async": (
         reference_llama, dict(seq=30),
-        dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="selective", offload_activations=True, mlp_chunks=2,
-                       loss_chunks=3, overlap="kv_async"))),
+        dict(plan=Candidate(sp=4, ring=2, micro_batch=2, checkpointing="selective", offload_activations=True,
+                            mlp_chunks=2, loss_chunks=3, overlap="kv_async"))),
     # full checkpointing (ring attention recomputed in the backward) with the head pipeline (one ring per group)
     "u2r2_full_head_pipeline": (lambda: reference_llama(n_kv=2, n_heads=8), dict(seq=32),
-                                dict(plan=dict(sp=4, ring=2, micro_batch=2, checkpointing="full",
-                                               overlap="head_pipeline"))),
+                                dict(plan=Candidate(sp=4, ring=2, micro_batch=2, checkpointing="full",
+                                                    overlap="head_pipeline"))),
     # Inductor (the ring ops as extern kernels) with the sequence policy
     "ring4_sequence_inductor": (reference_llama, dict(seq=32),
-                                dict(plan=dict(sp=4, ring=4, micro_batch=2, checkpointing="sequence"),
+                                dict(plan=Candidate(sp=4, ring=4, micro_batch=2, checkpointing="sequence"),
                                      backend="inductor")),
 }
 BF16 = {
     "u2r2_bf16_zero2": (reference_llama, dict(seq=32),
-                        dict(plan=dict(sp=4, ring=2, micro_batch=2, zero_stage=2), dtype="bf16")),
+                        dict(plan=Candidate(sp=4, ring=2, micro_batch=2, zero_stage=2), dtype="bf16")),
 }
 
 class NoAttentionLM(torch.nn.Module):
@@ -96,12 +98,12 @@ class NoAttentionLM(torch.nn.Module):
         return F.cross_entropy(logits[..., :-1, :].reshape(-1, VOCAB), labels[..., 1:].reshape(-1))
 
 
-# name -> (model factory, batch kwargs, compile kwargs, expected message fragment)
+# name -> (model factory, batch kwargs, sp_run's plan= and options, expected message fragment)
 ERRORS = {
     # under ZeRO-3 the graphs are fragments and the check pass cannot insist on attention in each: the
     # runtime's safety net must, and for a pure ring look for ring attention (there is no all-to-all)
     "no_attention_zero3_pure_ring": (NoAttentionLM, dict(seq=32, steps=1),
-                                     dict(plan=dict(sp=4, ring=4, zero_stage=3, micro_batch=2), ds_config=Z3),
+                                     dict(plan=Candidate(sp=4, ring=4, zero_stage=3, micro_batch=2), ds_config=Z3),
                                      "no attention found: no ring attention ran in the forward"),
 }
 
@@ -125,12 +127,11 @@ def _record_joint_graph_shapes(shapes: list):
 
 def run_cases(rank, world, names):
     from autosp.compiler import testing
-    from autosp.contract.specs import Candidate
 
     def run_one(name):
         if name in ERRORS:
             factory, batch_kw, compile_kw, _ = ERRORS[name]
-            compile_kw = {"backend": "aot_eager", **compile_kw, "plan": Candidate(**compile_kw["plan"])}
+            compile_kw = {"backend": "aot_eager", **compile_kw}
             try:
                 testing.sp_run(factory(), _batches(**batch_kw), sgd, **compile_kw)
                 return {"raised": None}
@@ -138,10 +139,8 @@ def run_cases(rank, world, names):
                 return {"raised": f"{type(err).__name__}: {err}"}
         factory, batch_kw, compile_kw = EXACT.get(name) or BF16[name]
         compile_kw = {"backend": "aot_eager", **compile_kw}
-        if isinstance(compile_kw.get("plan"), dict):
-            compile_kw["plan"] = Candidate(**compile_kw["plan"])
         optimizer = compile_kw.pop("optimizer", sgd)
-        grad_accum = compile_kw["plan"].grad_accum if "plan" in compile_kw else 1
+        grad_accum = compile_kw["plan"].grad_accum
         model, batches = factory(), _batches(**batch_kw)
         shapes: list = []
         restore = _record_joint_graph_shapes(shapes) if name.endswith("_shapes") else None
@@ -194,7 +193,8 @@ def test_ring_bf16_close_to_fp32_single_process(world4, name):
 @pytest.mark.parametrize("name", [n for n in EXACT if n.endswith("_shapes")])
 def test_no_sequence_by_sequence_tensor_in_the_compiled_graphs(world4, name):
     shapes = _ok(world4, name)["shapes"]
-    sp, ring = EXACT[name][2]["sp_size"], EXACT[name][2]["ring_size"]
+    plan = EXACT[name][2]["plan"]
+    sp, ring = plan.sp, plan.ring
     s = SHAPES_SEQ // sp
     sequence_sizes = {s, s * (sp // ring), SHAPES_SEQ}  # a rank's tokens, a ring block, the whole sequence
     # the check is live: the attention inputs ([B, H, block, d]) are there, each with one sequence dimension

@@ -99,7 +99,8 @@ def _job(rank, world, paths, tokenizer_dir, out_dir):
     trained.load_state_dict(ref["weights"], strict=False)  # weights by parameter name (tied ones once)
     ref_eval = (_weighted(model, eval_batches), _weighted(trained, eval_batches))
 
-    engine = autosp.compile(model, sp_size=2, packed=True, lr=1e-3, dtype="fp32", backend="aot_eager")
+    engine = autosp.compile(model, sp_size=2, options=autosp.CompileOptions(
+        packed=True, optim=autosp.OptimizerOptions(lr=1e-3), dtype="fp32", backend="aot_eager"))
     from autosp.compiler.training.evaluate import evaluate
 
     rng = torch.get_rng_state()

@@ -199,8 +199,8 @@ def _sp_case(name, out):
                                 plan=Candidate(sp=2, zero_stage=int(name[-1]), micro_batch=2, grad_accum=2),
                                 **common)
     stage = int(name[-1])
-    result = sp_run(lora_model(), lora_batches(), _sgd, sp_size=2, zero_stage=stage, micro_batch=2, backend="aot_eager",
-                    gradient_clipping=0)
+    result = sp_run(lora_model(), lora_batches(), _sgd, Candidate(sp=2, zero_stage=stage, micro_batch=2),
+                    backend="aot_eager", gradient_clipping=0)
     return {k: result[k] for k in ("losses", "grads", "weights")}
 
 

@@ -146,6 +146,6 @@ def test_planned_and_hand_made_runs_get_one_config_with_one_clipping_default(one
     assert sized["zero_optimization"]["reduce_bucket_size"] == 1000 * 1000 + 1000
     sized["zero_optimization"].pop("reduce_bucket_size"), written["zero_optimization"].pop("reduce_bucket_size")
     assert sized == written
-    # the user's override (autosp.compile(..., gradient_clipping=0) turns clipping off)
+    # the user's override (CompileOptions(gradient_clipping=0) turns clipping off)
     assert compile_config(plan.candidate, dtype, plan, gradient_clipping=0)["gradient_clipping"] == 0.0
     assert compile_config(plan.candidate, dtype, gradient_clipping=0.5)["gradient_clipping"] == 0.5

@@ -44,10 +44,6 @@ ALLOWED = {
        for scope in ("get", "cap", "bounds", "_bound")},
     ("planner/diagnose.py", "_lean_corner"): "the diagnosis's variations (checkpointing, the offloads that share host "
                                          "memory, ZeRO stage with loss tiling, ep) around the table's lean values",
-    ("compiler/api.py", "resolve_candidate"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
-                                              "Candidate carries every knob)",
-    ("compiler/api.py", "compile_model"): "autosp.compile's hand-made-plan keywords (public API; a plan or "
-                                          "Candidate carries every knob)",
     ("compiler/inputs.py", "shard_batch"): "a pure data function taking the layout as numbers (tested without a "
                                            "Candidate)",
     ("compiler/runtime.py", "shard"): "hands the candidate's layout numbers to shard_batch",
