@@ -44,7 +44,7 @@ without flash-linear-attention, runs the conv and the recurrence straight across
 fallback refuses ``cu_seqlens``, and the SDPA path passes none.) Pads the runtime appends (S % P != 0) come
 after every real token, so neither the causal conv nor the recurrence carries them into a real token.
 
-**Refused** (one line, before DeepSpeed is built): a ring (``ring_size`` > 1: the state and the conv tail
+**Refused** (one line, before DeepSpeed is built): a ring (``ring`` > 1: the state and the conv tail
 would have to pass from ring rank to ring rank in order, serialising the ring), sequence-chunked layers
 (``sequence_chunks`` > 1: the same carry between chunks), Ulysses degrees that do not divide the value heads
 or that neither divide nor are divided by the q/k heads, and layers other than the two layouts below.

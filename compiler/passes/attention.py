@@ -183,7 +183,7 @@ def _peel_repeat_kv(node: fx.Node):
 
 def attention_pass(gm: fx.GraphModule, example_inputs, ctx: SPContext) -> None:
     graph, p, group = gm.graph, ctx.candidate.ulysses, ctx.ulysses_group
-    ranks = "sequence-parallel ranks" if ctx.candidate.ring == 1 else "Ulysses ranks (sp_size / ring_size)"
+    ranks = "sequence-parallel ranks" if ctx.candidate.ring == 1 else "Ulysses ranks (sp / ring)"
     ulysses = ctx.candidate.ring == 1 or p > 1
     fragment_layer = graph_layer(gm, example_inputs, ctx) if ctx.rule and ctx.layer_windows else None
     capped = sinks = False
@@ -271,7 +271,7 @@ def _ring_attention(graph: fx.Graph, node: fx.Node, ctx: SPContext) -> None:
     """Replace a (rewired, mask-free, causal) SDPA by ring attention over the ring group."""
     args = normalized(node, SDPA_ARGS, SDPA_DEFAULTS)
     if args["dropout_p"] not in (0, 0.0):
-        fail("attention dropout is not supported with ring attention (ring_size > 1): set the model's attention "
+        fail("attention dropout is not supported with ring attention (ring > 1): set the model's attention "
              "dropout to 0", node)
     with graph.inserting_before(node):
         cap = softcap_of(node)  # documents / window / soft-capped scores

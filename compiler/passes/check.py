@@ -1,7 +1,7 @@
 """Check pass: prove the rewritten graph has the SP shape, or say exactly what is wrong.
 
 - every ``scaled_dot_product_attention`` takes its q, k, v from ``autosp_ops::all_to_all`` and hands its
-  output to one, with no mask and ``is_causal=True``; with a ring (``ring_size`` > 1) no SDPA is left:
+  output to one, with no mask and ``is_causal=True``; with a ring (``ring`` > 1) no SDPA is left:
   each is an ``autosp_ops::ring_attention`` whose output is used, wrapped the same way when there are
   Ulysses ranks; with packed documents or sliding windows and no ring, each is an
   ``autosp_ops::span_attention`` wrapped the same way;
