@@ -404,6 +404,32 @@ def install_output_capture(model: torch.nn.Module) -> None:
             maybe_install_capturing_hooks(module)
 
 
+def global_grad_norm(parameters) -> torch.Tensor:
+    """The 2-norm (fp32) of the whole model's gradient, one process's ``clip_grad_norm_`` norm, from the gradients
+    DeepSpeed's ZeRO-0 reduction leaves: every rank holds the same reduced gradient of each dense parameter, and of
+    each of its own experts (:func:`prepare_experts`: identical over the expert-data-parallel group, different
+    across the EP group). The dense squares are summed here, each EP group's expert squares over that group (one
+    scalar all-reduce per group; every rank calls it, in the same order)."""
+    dense, experts, device = [], {}, None
+    for p in parameters:
+        device = device or p.device
+        group = getattr(p, "autosp_expert_group", "")
+        grads = experts.setdefault(group, []) if group else dense
+        if p.grad is not None:
+            grads.append(p.grad)
+
+    def squares(grads):
+        return torch.stack([g.detach().float().norm() for g in grads]).square().sum() if grads \
+            else torch.zeros((), dtype=torch.float32, device=device)
+
+    total = squares(dense)
+    for group in sorted(experts):
+        part = squares(experts[group])
+        dist.all_reduce(part, op=dist.ReduceOp.SUM, group=_group(group))
+        total = total + part
+    return total.sqrt()
+
+
 def optimizer_param_groups(model: torch.nn.Module) -> list[dict]:
     """The model's parameters as optimizer groups with the expert parameters apart (DeepSpeed's
     ``split_params_into_different_moe_groups_for_optimizer``), as its ZeRO 1/2 MoE support requires."""
@@ -413,5 +439,5 @@ def optimizer_param_groups(model: torch.nn.Module) -> list[dict]:
         {"params": [p for p in model.parameters()], "name": "dense"})
 
 
-__all__ = ["IMPLEMENTATION", "experts_forward", "experts_modules", "moe_experts", "moe_experts_backward",
-           "optimizer_param_groups", "prepare_experts"]
+__all__ = ["IMPLEMENTATION", "experts_forward", "experts_modules", "global_grad_norm", "moe_experts",
+           "moe_experts_backward", "optimizer_param_groups", "prepare_experts"]

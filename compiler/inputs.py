@@ -52,6 +52,8 @@ class LocalBatch:
     spans: list            # the global token spans this rank holds, in order
     documents: list | None = None  # per row of this DP rank: its packed documents (global spans, pads in the
     #                                last one); None when every row is one sequence
+    real: torch.Tensor | None = None  # [rows, local] 1.0 where this rank's token is real: neither a pad the runtime
+    #                                   appended nor one the attention_mask marks (the router loss counts these)
 
 
 def _check_attention_mask(mask: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> None:
@@ -144,6 +146,8 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
 
     rows = slice(dp_rank * (batch // dp), (dp_rank + 1) * (batch // dp))
     ids, lab = input_ids[rows], labels[rows]
+    real = attention_mask[rows].to(ids.device, torch.float32) if attention_mask is not None \
+        else torch.ones(ids.shape, device=ids.device)
     pos = position_ids[rows] if position_ids is not None else None
 
     shifted = torch.full_like(lab, ignore_index)
@@ -160,6 +164,7 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
     if extra:
         ids = torch.cat([ids, ids.new_full((ids.shape[0], extra), pad_token_id)], dim=1)
         shifted = torch.cat([shifted, shifted.new_full((shifted.shape[0], extra), ignore_index)], dim=1)
+        real = torch.cat([real, real.new_zeros((real.shape[0], extra))], dim=1)
         if pos is not None:
             pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, extra + 1, device=pos.device)], dim=1)
 
@@ -181,7 +186,7 @@ def shard_batch(input_ids: torch.Tensor, labels: torch.Tensor, *, sp: int, sp_ra
 
     return LocalBatch(input_ids=take(ids), labels=take(shifted), position_ids=take(pos), global_len=total,
                       local_len=local, seq_len=seq, n_valid=int((shifted != ignore_index).sum()), spans=spans,
-                      documents=documents)
+                      documents=documents, real=take(real))
 
 
 __all__ = ["LocalBatch", "shard_batch"]

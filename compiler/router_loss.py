@@ -7,9 +7,12 @@ batch and every layer. A product of two means is not a sum over tokens: each ran
 not one process's, nor is their average. While an autosp engine runs, the model module's
 ``load_balancing_loss_func`` is therefore replaced by :func:`global_load_balancing_loss`, which sums the three
 statistics (assignments per expert, probability per expert, token count) on each rank over its real tokens
-only (the pads the runtime appended are left out: :func:`real_tokens`, published per call), adds them over
-every rank (:func:`all_reduce_stats`) and forms the loss from the totals: the value one process gets on the
-full batch. Outside an engine's call the model's own function runs (a reference model in the same process).
+only, adds them over every rank (:func:`all_reduce_stats`) and forms the loss from the totals: the value one
+process gets on the full batch. A token is real unless the runtime appended it (S padded to a multiple of the
+SP degree) or the batch's ``attention_mask`` is 0 there (a right-padded batch: Hugging Face's function leaves
+those tokens out of all three statistics when given the mask, as the models pass it): :func:`real_tokens`, from
+the mask the runtime publishes per call. Outside an engine's call the model's own function runs (a reference
+model in the same process).
 
 Gradient: every rank adds the same ``coef * aux`` to its loss and DeepSpeed averages the W ranks' gradients.
 The sum's backward is the sum of the W ranks' (identical) output gradients, so rank r's router gradient is W x
@@ -25,22 +28,27 @@ import torch
 import torch.distributed as dist
 
 from autosp.compiler.ops import _group, _needs_fp32_transport
+from autosp.errors import AutospError
 
 _ACTIVE: list = []       # the SPContext of the engine call in progress (at most one)
-_REAL: dict = {}         # engine key -> this call's real-token mask over a row's local positions
+_REAL: dict = {}         # engine key -> this call's real-token mask over the rank's tokens, row by row
 _PATCHED: dict = {}      # module name -> the model's own load_balancing_loss_func
 
 
-def publish_real_tokens(key: str, spans, seq_len: int) -> None:
-    """This call's mask of real (not runtime-padded) tokens over the rank's local positions, in row order."""
-    _REAL[key] = torch.cat([torch.arange(a, b) < seq_len for a, b in spans]).float()
+def publish_real_tokens(key: str, real: torch.Tensor) -> None:
+    """This call's real tokens (:attr:`autosp.compiler.inputs.LocalBatch.real`: [rows, local positions], 1.0 where
+    real), flattened in the order of the router's rows."""
+    _REAL[key] = real.reshape(-1).float()
 
 
 @torch.library.custom_op("autosp_ops::real_tokens", mutates_args=())
 def real_tokens(like: torch.Tensor, key: str) -> torch.Tensor:
     """1.0 for each row of ``like`` ([rows, ...], rows = micro-batch x local positions) that is a real token."""
     mask = _REAL[key]
-    return mask.repeat(like.shape[0] // mask.numel()).to(like.device)
+    if mask.numel() != like.shape[0]:
+        raise AutospError(f"the router's logits have {like.shape[0]} rows but this rank holds {mask.numel()} tokens "
+                          f"(a bug: please report it)")
+    return mask.to(like.device)
 
 
 @real_tokens.register_fake

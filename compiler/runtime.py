@@ -31,6 +31,13 @@ Safety nets that turn silent wrong results into errors:
   all-to-all (unless the SP group is all ring: no Ulysses ranks) and, with a ring, at least one ring
   attention.
 
+Gradient norm and clipping. At ZeRO 1-3 DeepSpeed's optimizer computes the global gradient norm (the expert
+groups' over their EP group) and clips with it. At ZeRO-0 the engine computes it itself at each optimizer step
+(:func:`autosp.compiler.experts.global_grad_norm`; DeepSpeed keeps none in fp32) and, with expert parallelism,
+also clips with it in DeepSpeed's place: DeepSpeed 0.19.8 clips ZeRO-0 with the mean of the ranks' own norms
+(fp32, ``runtime.utils.clip_grad_norm_``: each rank's norm holds only its own experts) or with the non-expert
+parameters' norm alone (bf16, ``FP16_UnfusedOptimizer``). :attr:`SPEngine.grad_norm` is the step's norm.
+
 ZeRO-3. DeepSpeed's ZeRO-3 gathers parameters in module hooks that are ``torch.compiler.disable``d, so
 Dynamo breaks the graph around every module that owns parameters. The engine (1) marks the repeated
 blocks (the children of every ``nn.ModuleList``: the decoder layers) as ZeRO-3 leaf modules, so each
@@ -121,6 +128,16 @@ def _extract_loss(out) -> torch.Tensor:
     return loss
 
 
+def _take_over_clipping(ds_engine) -> float:
+    """Turn DeepSpeed's ZeRO-0 clipping off (it clips with the wrong norm under expert parallelism: see the
+    module doc) and return its threshold, which the engine then clips to itself."""
+    clip = float(ds_engine.gradient_clipping() or 0.0)
+    ds_engine._config.gradient_clipping = 0.0  # fp32: _take_model_step clips when it is > 0
+    if hasattr(ds_engine.optimizer, "clip_grad"):
+        ds_engine.optimizer.clip_grad = 0.0  # bf16: FP16_UnfusedOptimizer clips in its own step
+    return clip
+
+
 class SPEngine:
     """A DeepSpeed engine running the sequence-parallel graph. Build it with :func:`autosp.compile`."""
 
@@ -150,6 +167,8 @@ class SPEngine:
         all_to_all = [("all_to_all", "all-to-all")] if candidate.ulysses > 1 or candidate.ring == 1 else []
         self._attention_collectives = all_to_all + ([("ring_attention", "ring attention")] if candidate.ring > 1
                                                     else [])
+        self._zero0_norm = None
+        self._clip = _take_over_clipping(ds_engine) if candidate.zero_stage == 0 and candidate.ep > 1 else 0.0
 
     # -- accessors --------------------------------------------------------------------------------
     @property
@@ -270,7 +289,7 @@ class SPEngine:
             return
         from autosp.compiler import router_loss
 
-        router_loss.publish_real_tokens(self.ctx.router_key, batch.spans, batch.seq_len)
+        router_loss.publish_real_tokens(self.ctx.router_key, batch.real)
         router_loss._ACTIVE.append(self.ctx)
         try:
             yield
@@ -281,7 +300,35 @@ class SPEngine:
         return self.ds_engine.backward(loss, **kwargs)
 
     def step(self, **kwargs):
+        if self.candidate.zero_stage == 0 and self.ds_engine.is_gradient_accumulation_boundary():
+            self._zero0_norm = self._clip_zero0()
         return self.ds_engine.step(**kwargs)
+
+    def _clip_zero0(self) -> float:
+        """ZeRO-0, at an optimizer step (the gradients reduced by the backward): the global gradient norm,
+        and the gradients clipped to ``self._clip`` with it as one process's ``clip_grad_norm_`` does."""
+        from autosp.compiler.experts import global_grad_norm
+
+        params = list(self.module.parameters())
+        # a loss-scaled optimizer (bf16's unfused one) holds scaled gradients; the norm and the threshold are
+        # the unscaled ones
+        scale = float(getattr(getattr(self.optimizer, "loss_scale_config", None), "cur_scale", 1.0))
+        norm = float(global_grad_norm(params)) / scale
+        if self._clip > 0:
+            coef = min(1.0, self._clip / (norm + 1e-6))
+            if coef < 1.0:
+                torch._foreach_mul_([p.grad for p in params if p.grad is not None], coef)
+        return norm
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The global gradient norm (before clipping) of the last optimizer step: one process's
+        ``clip_grad_norm_`` value (see the module doc); None before the first step or where DeepSpeed keeps
+        none (ZeRO 1/2 with ``compute_grad_norm`` off)."""
+        if self.candidate.zero_stage == 0:
+            return self._zero0_norm
+        stored = self.ds_engine.get_global_grad_norm()
+        return None if stored is None else float(stored)
 
     # -- checkpoints (autosp.compiler.training.checkpoint) ------------------------------------------
     def save_checkpoint(self, directory, client_state: dict | None = None) -> str:

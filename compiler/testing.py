@@ -183,22 +183,26 @@ def full_weight(param):
 def sp_run(model, batches, optimizer_fn, plan=None, *, sp_size=None, **option_fields) -> dict:
     """The same training through ``autosp.compile(model, plan, sp_size=...)`` with
     ``CompileOptions(optimizer=optimizer_fn, **option_fields)``; every rank gets the full batches. Gradients are
-    read at the first gradient-accumulation boundary, after DeepSpeed reduced them."""
+    read at the first gradient-accumulation boundary, after DeepSpeed reduced them; ``grad_norm`` is the engine's
+    global gradient norm of that optimizer step (before clipping)."""
     from autosp.compiler.api import compile_model
     from autosp.compiler.options import CompileOptions
 
     options = CompileOptions(optimizer=optimizer_fn, **option_fields)
     engine = compile_model(copy.deepcopy(model), plan, sp_size=sp_size, options=options)
-    losses, grads = [], None
+    losses, grads, grad_norm = [], None, None
     for batch in batches:
         loss = engine(**batch)
         engine.backward(loss)
         losses.append(loss.item())
-        if grads is None and engine.ds_engine.is_gradient_accumulation_boundary():
+        first = grads is None and engine.ds_engine.is_gradient_accumulation_boundary()
+        if first:
             grads = {n: full_grad(p) for n, p in engine.module.named_parameters()}
         engine.step()
+        if first:
+            grad_norm = engine.grad_norm
     weights = {n: full_weight(p) for n, p in engine.module.named_parameters()}
-    return {"losses": losses, "grads": grads, "weights": weights, "stats": engine.stats}
+    return {"losses": losses, "grads": grads, "weights": weights, "stats": engine.stats, "grad_norm": grad_norm}
 
 
 def compare(sp: dict, ref: dict) -> dict:

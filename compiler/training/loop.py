@@ -33,13 +33,6 @@ def current_lr(engine) -> float:
         else float(engine.ds_engine.get_lr()[0])
 
 
-def _grad_norm_zero0(engine) -> float | None:
-    """The global gradient norm when DeepSpeed keeps none (ZeRO-0 in fp32 clips without storing it):
-    after the boundary backward every rank holds the all-reduced gradients of every parameter."""
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads).item()) if grads else None
-
-
 def peak_memory() -> tuple[float, str]:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30, "GiB device"
@@ -74,18 +67,14 @@ class Trainer:
         counts = [batch_counts(b) for b in batches]
         targets = sum(n for _, n in counts)
         lr = current_lr(engine)
-        total, norm = 0.0, None
-        for m, (batch, (_, n)) in enumerate(zip(batches, counts)):
+        total = 0.0
+        for batch, (_, n) in zip(batches, counts):
             loss = engine(**batch)
             weight = accum * n / targets if targets else 1.0
             engine.backward(loss * weight if weight != 1.0 else loss)
-            if m == accum - 1 and engine.candidate.zero_stage == 0:
-                norm = _grad_norm_zero0(engine)
             engine.step()
             total += float(loss.detach().double().item()) * n
-        stored = engine.ds_engine.get_global_grad_norm()
-        if stored is not None:
-            norm = float(stored)
+        norm = engine.grad_norm  # the global norm before clipping, experts included (compiler/runtime.py)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start

@@ -8,8 +8,12 @@ rank's experts only: the comparison gathers them over the EP group (:func:`autos
 Cases cover each MoE family at SP 2 and SP 4, SP alone (autosp's expert op replaces Hugging Face's
 data-dependent expert loop), EP = 2 inside the SP group, SP 2 x EP 2 with DP (4 processes), EP 4, ZeRO 0-3 (at
 ZeRO-3 the expert parameters are partitioned over the expert-data-parallel group: a rank never holds, nor
-gathers, another rank's experts), the router's auxiliary load-balancing loss over the whole batch, packed
-documents, the MoE MLP tiled (``mlp_chunks``: the expert op runs token pieces), and the refusals.
+gathers, another rank's experts), the router's auxiliary load-balancing loss over the whole batch (right-padded
+batches: the tokens the attention_mask pads count in neither side's statistics), packed documents, the MoE MLP
+tiled (``mlp_chunks``: the expert op runs token pieces), and the refusals. The expert-parallel cases at ZeRO 0-2
+and ZeRO-3 with the aux loss step with SGD and clip (their global gradient norm is above the threshold): a weight's
+change is then lr x its clipped gradient, so clipping with any other norm than the global one shows in the
+weights (AdamW, nearly scale-invariant, would hide it); the engine's reported norm is the global one too.
 
 Tied embeddings (HF Llama and Qwen3 with ``tie_word_embeddings``) at ZeRO-3 with ``loss_chunks`` 3: the LM head is
 traced inline with the tiled loss and its weight, shared with the input embedding, stays gathered
@@ -110,26 +114,29 @@ EXACT = {
     # Gemma 2 and 3 with a pure ring of 2: capped (Gemma 2) and windowed blocks passed around the ring
     "gemma2_sp2_ring2": (2, lambda: gemma(2), dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, ring=2)), sgd),
     "gemma3_sp2_ring2": (2, lambda: gemma(3), dict(seq=32), dict(plan=Candidate(sp=2, micro_batch=2, ring=2)), sgd),
-    # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss, S % P
-    "qwen3_moe_sp2_ep2_zero3_aux_pad": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31),
-                                        dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=3), ds_config=Z3)),
+    # EP 2 = the SP group, ZeRO-3 (experts partitioned over the expert-data-parallel group), aux loss, S % P, rows
+    # right-padded with an attention_mask
+    "qwen3_moe_sp2_ep2_zero3_aux_pad_mask": (2, lambda: moe_model("qwen3_moe", aux=True), dict(seq=31, pad_mask=True),
+                                             dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=3),
+                                                  ds_config=Z3), sgd),
     # Mixtral, EP 2, ZeRO-1 (DeepSpeed's MoE optimizer groups)
     "mixtral_sp2_ep2_zero1": (2, lambda: moe_model("mixtral"), dict(seq=32),
-                              dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1))),
+                              dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1)), sgd),
     # OLMoE, EP 2, ZeRO-2, aux loss
     "olmoe_sp2_ep2_zero2_aux": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
-                                dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=2))),
-    # SP 2 x DP 2, EP 2 inside each SP group, aux loss over all 4 ranks
-    "qwen3_moe_sp2_dp2_ep2_aux": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32),
-                                  dict(plan=Candidate(sp=2, dp=2, micro_batch=1, ep=2))),
+                                dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=2)), sgd),
+    # SP 2 x DP 2, EP 2 inside each SP group, ZeRO-0 (autosp clips with the global norm), aux loss over all 4
+    # ranks, the DP replicas' rows right-padded differently
+    "qwen3_moe_sp2_dp2_ep2_aux_mask": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32, pad_mask=True),
+                                       dict(plan=Candidate(sp=2, dp=2, micro_batch=1, ep=2)), sgd),
     # SP 4 alone (autosp's expert op instead of HF's data-dependent loop), packed documents (seq_lens)
     "qwen3_moe_sp4_packed": (4, lambda: moe_model("qwen3_moe"), "packed", dict(plan=Candidate(sp=4, micro_batch=2))),
     # Mixtral at SP 4, EP 4 (one expert per rank), ZeRO-3
     "mixtral_sp4_ep4_zero3": (4, lambda: moe_model("mixtral"), dict(seq=32),
                               dict(plan=Candidate(sp=4, micro_batch=2, ep=4, zero_stage=3), ds_config=Z3)),
-    # OLMoE at SP 4, EP 2, the MoE MLP tiled (mlp_chunks 2: the expert op dispatches two token pieces)
+    # OLMoE at SP 4, EP 2, ZeRO-0, the MoE MLP tiled (mlp_chunks 2: the expert op dispatches two token pieces)
     "olmoe_sp4_ep2_mlp2": (4, lambda: moe_model("olmoe"), dict(seq=32),
-                           dict(plan=Candidate(sp=4, micro_batch=2, ep=2, zero_stage=0, mlp_chunks=2))),
+                           dict(plan=Candidate(sp=4, micro_batch=2, ep=2, zero_stage=0, mlp_chunks=2)), sgd),
 }
 
 ERRORS = {
@@ -154,7 +161,8 @@ def run_cases(rank, world, names):
         if rank == 0:
             ref = testing.reference_run(model, batches, optimizer, loss_fn=loss_fn)
             return {"errors": testing.compare(got, ref), "losses_tiled": got["stats"].losses_tiled,
-                    "mlps_tiled": got["stats"].mlps_tiled}
+                    "mlps_tiled": got["stats"].mlps_tiled, "grad_norm": got["grad_norm"],
+                    "ref_grad_norm": ref["grad_norm"], "clip": ref["clip"]}
         return None
 
     return testing.run_cases(rank, [n for n in names if EXACT[n][0] == world], run_one)
@@ -209,6 +217,20 @@ def test_exact_world2(world2, name):
 def test_exact_world4(world4, name):
     result = assert_within(world4[name], TOL)
     assert (result["mlps_tiled"] > 0) == ("mlp2" in name)  # the expert op took the MLP tiling
+
+
+CLIPPED_EP = [name for name, case in EXACT.items() if "_ep" in name and case[4:] == (sgd,)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CLIPPED_EP)
+def test_expert_parallel_clips_with_the_global_norm(request, name):
+    """The case's clipping bites (else the weights could not show a wrong norm), and the engine's gradient norm is
+    one process's: its dense and every rank's expert gradients together, at every ZeRO stage."""
+    result = request.getfixturevalue(f"world{EXACT[name][0]}")[name]
+    assert "crash" not in result, result.get("crash")
+    assert result["ref_grad_norm"] > 1.2 * result["clip"] > 0, result
+    assert abs(result["grad_norm"] - result["ref_grad_norm"]) <= TOL * result["ref_grad_norm"], result
 
 
 @pytest.mark.slow

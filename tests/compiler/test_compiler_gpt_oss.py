@@ -67,8 +67,10 @@ EXACT = {
     "sp2_zero3_packed_selective_offload_head_pipeline": (
         "packed", dict(plan=Candidate(sp=2, micro_batch=2, zero_stage=3, checkpointing="selective",
                                       offload_activations=True, overlap="head_pipeline"), ds_config=Z3)),
-    # EP 2 = the SP group (experts and their biases sharded), the load-balancing loss over the batch, S % P != 0
-    "sp2_ep2_zero1_aux_pad": (dict(seq=31), dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1))),
+    # EP 2 = the SP group (experts and their biases sharded) at ZeRO-0 (autosp clips with the global norm), the
+    # load-balancing loss over the batch, S % P != 0, rows right-padded with an attention_mask
+    "sp2_ep2_zero0_aux_pad_mask": (dict(seq=31, pad_mask=True),
+                                   dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=0))),
     # pure ring of 2 (SP 2 = 1 x 2): the sinks join the ring's log-sum-exp merge once; packed documents; with
     # sequence checkpointing and the tiled loss, as gpt-oss-120b's plan at 128k on 2 x h100x8
     "sp2_ring2_packed_sequence_loss2": ("packed", dict(plan=Candidate(sp=2, micro_batch=2, ring=2,
@@ -96,7 +98,8 @@ def run_world2(rank, world):
             stats = got["stats"]
             return {"errors": testing.compare(got, ref), "mlps_tiled": stats.mlps_tiled,
                     "losses_tiled": stats.losses_tiled,
-                    "layers_chunked": stats.layers_chunked, "overlapped": stats.attention_overlapped}
+                    "layers_chunked": stats.layers_chunked, "overlapped": stats.attention_overlapped,
+                    "grad_norm": got["grad_norm"], "ref_grad_norm": ref["grad_norm"], "clip": ref["clip"]}
         return None
 
     return testing.run_cases(rank, list(EXACT), run_one)
@@ -117,6 +120,11 @@ def test_gpt_oss_matches_one_process(world2, name):
     assert (result["losses_tiled"] > 0) == ("loss2" in name)
     assert (result["layers_chunked"] > 0) == ("chunks2" in name)
     assert (result["overlapped"] > 0) == ("head_pipeline" in name or "kv_async" in name)
+    # the engine's gradient norm is one process's; with EP (each rank's own experts) clipping bites, so the
+    # weights show which norm it clipped with
+    assert abs(result["grad_norm"] - result["ref_grad_norm"]) <= TOL * result["ref_grad_norm"], result
+    if "_ep" in name:
+        assert result["ref_grad_norm"] > 1.2 * result["clip"] > 0, result
 
 
 # --- one process: the pieces against transformers' code ---------------------------------------------------
