@@ -68,9 +68,13 @@ def zero3_gathered_params(sh: Shapes, lm_head_persistent: bool = False) -> float
     stage3_max_live_parameters (never below the module in use), plus the persistent small parameters
     (norm weights and biases under stage3_param_persistence_threshold, always gathered), plus the LM
     head's matrix when the loss is tiled (the compiler keeps it gathered so that it is traced inline
-    with the loss: compiler/zero3.py)."""
+    with the loss: compiler/zero3.py). With the head resident, the largest module gathered on demand while
+    activations are held is a decoder layer: the head's matrix is counted once, as persistent, and the input
+    embedding (the same matrix when tied, which the compiler then holds once:
+    tests/compiler/test_compiler_knobs_tiling.py) is gathered only by the forward's first op and the backward's
+    last, when no activation is held."""
     layer = sh.layer_params if sh.moe is None else moe.gathered_layer_params(sh.moe, sh.layer_params)
-    largest = max(layer, sh.lm_head_params)
+    largest = layer if lm_head_persistent else max(layer, sh.lm_head_params)
     gathered = min(largest + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, layer), max(ds.STAGE3_MAX_LIVE_PARAMETERS, largest))
     persistent = sh.L * sh.prof.layer_small_params + sh.prof.other_small_params
     if lm_head_persistent:

@@ -484,3 +484,22 @@ def test_optimizer_offload_moves_states_to_host_and_costs_step_time():
 def test_optimizer_offload_needs_zero():
     with pytest.raises(ValueError, match="zero_stage"):
         Candidate(sp=1, zero_stage=0, offload_optimizer=True)
+
+
+def test_a_head_kept_for_a_tiled_loss_is_counted_once_under_zero3():
+    """With the loss tiled, ZeRO-3 keeps the LM head's matrix resident (compiler/zero3.py): the gathered set at the
+    peak is a layer (and its prefetch) plus the resident matrix once, tied or not (the input embedding is gathered
+    only by the forward's first op and the backward's last, when no activation is held)."""
+    cand = Candidate(sp=8, zero_stage=3, checkpointing="full", loss_chunks=4)
+    for name in ("qwen3-0.6b", "llama-3.2-1b", "qwen3-8b"):  # tied, tied, untied; V x h larger than one layer
+        model = resolve_model(name)
+        sh = Shapes(model, Workload(seq_len=131_072), cand)
+        assert sh.lm_head_params > sh.layer_params
+        small = sh.L * sh.prof.layer_small_params + sh.prof.other_small_params
+        layer_and_prefetch = min(sh.layer_params + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, sh.layer_params),
+                                 max(ds.STAGE3_MAX_LIVE_PARAMETERS, sh.layer_params))
+        assert memory.zero3_gathered_params(sh, True) == layer_and_prefetch + small + sh.head_matmul_params
+        # untiled: the head is gathered on demand as the largest module, and not kept
+        assert memory.zero3_gathered_params(sh, False) == (
+            min(sh.lm_head_params + min(ds.STAGE3_PREFETCH_BUCKET_SIZE, sh.layer_params),
+                max(ds.STAGE3_MAX_LIVE_PARAMETERS, sh.lm_head_params)) + small)

@@ -63,7 +63,7 @@ def test_trl_is_priced_with_its_own_loss_tiles_whose_peak_is_the_layers_backward
 def test_trl_1m_allocated_peak_is_the_published_one():
     """TRL's Qwen3-8B at 1,048,576 tokens on 8 H100s: 56.2 GB, torch.cuda.max_memory_allocated. Priced as TRL ran it
     (transformers' Qwen3 eagerly: its graph profile) and compared without the reserve, the allocated peak is within
-    5% (1.034; issue 36 read 1.20 from the graph profile and the total, and the study's analytic profile 0.86). The
+    5% (1.019; issue 36 read 1.20 from the graph profile and the total, and the study's analytic profile 0.86). The
     peak is a layer's MLP backward under full recompute: its eager working set (every RMSNorm's fp32 copy, q/k
     norms, gate, SiLU and up with three gradients, 33-34 GiB), not the final norm's tensors (freed before any
     layer's backward) and not the sum of the recomputed MLP tensors and the gradients' peak."""
