@@ -79,7 +79,8 @@ class CompileOptions:
         if self.backend not in BACKENDS:
             raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.ds_config is not None and not isinstance(self.ds_config, dict):
-            raise UsageError(f"ds_config must be a dict of DeepSpeed config entries, got {type(self.ds_config).__name__}")
+            raise UsageError(f"ds_config must be a dict of DeepSpeed config entries, "
+                             f"got {type(self.ds_config).__name__}")
         clip = self.gradient_clipping
         if clip is not None and (not _is_number(clip) or not math.isfinite(clip) or clip < 0):
             raise UsageError(f"gradient_clipping must be a number >= 0 (0 turns clipping off), got {clip!r}")
@@ -144,7 +145,7 @@ def old_keywords_message(keywords: dict, plan=None, sp_size=None) -> str:
         if plan is not None:
             held = ("plan" if isinstance(plan, Candidate) else "plan.candidate" if hasattr(plan, "candidate")
                     else f"autosp.load_plan({_shown(str(plan))}).candidate")
-            parts.append(f"{what}, which the plan carries: to change it, pass "
+            parts.append(f"{what}, which the plan carries: to change {'it' if len(knobs) == 1 else 'them'}, pass "
                          f"plan=dataclasses.replace({held}, {_arguments(knobs)})")
         else:
             sp = knobs.pop("sp", sp_size)
