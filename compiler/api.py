@@ -269,6 +269,7 @@ def compile_model(model, plan=None, *, sp_size: int | None = None, options: Comp
         options = CompileOptions()
     elif not isinstance(options, CompileOptions):
         raise UsageError(f"options must be an autosp.CompileOptions, got {type(options).__name__}")
+    plan = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan  # its workload's dtype is the default
     dtype, windows = _checked_model(model, plan, options.dtype)
     import deepspeed
 
@@ -305,13 +306,22 @@ def compile_model(model, plan=None, *, sp_size: int | None = None, options: Comp
                     pad_to_multiple_of=options.pad_to_multiple_of, dtype=dtype, backend=options.backend)
 
 
+def run_dtype(plan, dtype: str | None) -> str:
+    """The dtype a run computes in: the caller's (CompileOptions checked it), else the plan's workload's (a Plan, or
+    the plan file at a path, whose loader checked it), else fp32 (a Candidate carries none)."""
+    if dtype is not None:
+        return dtype
+    if isinstance(plan, (str, os.PathLike)):
+        plan = load_plan(plan)
+    return getattr(getattr(plan, "workload", None), "dtype", None) or "fp32"
+
+
 def _checked_model(model, plan, dtype):
     """The run's dtype (default the plan's, else fp32) and the model's per-layer attention windows; refuses an
     object or a model architecture that autosp cannot compile."""
     import torch
 
-    if dtype is None:  # CompileOptions checked the caller's; a Plan's workload checked its own
-        dtype = getattr(getattr(plan, "workload", None), "dtype", None) or "fp32"
+    dtype = run_dtype(plan, dtype)
     if not isinstance(model, torch.nn.Module):
         raise UsageError("autosp.compile needs a torch.nn.Module")
     from autosp.compiler.linear_attention import check_architecture

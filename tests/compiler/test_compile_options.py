@@ -8,6 +8,7 @@ import inspect
 import re
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import FrozenInstanceError, fields
 
 import pytest
@@ -135,3 +136,18 @@ def test_options_and_refusals_import_no_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'transformers')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_run_computes_in_the_plans_dtype_whether_the_plan_is_a_file_or_an_object(tmp_path):
+    """A plan file's workload dtype is the default, as a Plan object's is (a path used to fall back to fp32)."""
+    from autosp.compiler.api import run_dtype
+    from autosp.contract.plan import load_plan
+
+    path = tmp_path / "plan.json"
+    done = subprocess.run([str(Path(sys.executable).with_name("autosp-plan")), "--model", "llama-3.2-1b", "--ctx", "8k",
+                           "--hw", "h100x2", "--no-cache", "--plan-out", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert load_plan(path).workload.dtype == "bf16"
+    assert run_dtype(str(path), None) == run_dtype(path, None) == run_dtype(load_plan(path), None) == "bf16"
+    assert run_dtype(path, "fp32") == "fp32"  # the caller's CompileOptions(dtype=...) wins
+    assert run_dtype(Candidate(sp=2), None) == "fp32"  # a Candidate carries no dtype
