@@ -21,6 +21,10 @@ What the Trainer is told:
   transformers >= 4.46.
 - evaluation returns the loss only (no logits: under SP each rank holds a shard of them), not gathered across
   ranks (each holds the same global value) and weighted by the batch's examples (:meth:`_sp_gather_loss`).
+- mixture of experts: the experts run through autosp's expert op, unsharded (``ep`` = 1: the Trainer's wrapper
+  reduces them as any parameter), and the router's load-balancing loss is the whole micro-batch's
+  (compiler/router_loss.py), weighted in each micro-step's loss as the base trainer weighs it
+  (:meth:`_sp_aux_weight`), not as the token loss is rescaled.
 """
 
 from __future__ import annotations
@@ -46,9 +50,14 @@ class _Target:
         self.device = device
         self.call = None
         self.observe = None
+        self.aux_loss = None  # the last call's router load-balancing loss (MoE), part of the returned loss
 
     def __call__(self, **inputs):
         out = self.call(**inputs)
+        import torch
+
+        aux = out.get("aux_loss") if isinstance(out, dict) else getattr(out, "aux_loss", None)
+        self.aux_loss = aux if isinstance(aux, torch.Tensor) else None
         if self.observe is not None:
             self.observe(out, inputs)
         return out
@@ -128,7 +137,7 @@ class SPTrainerMixin:
                 raise UsageError("plan the run from a model object, or pass plan= / sp_size=")
             zero = planning.trainer_zero(args)
             fix = [f"micro_batch={args.per_device_train_batch_size}",
-                   f"grad_accum={args.gradient_accumulation_steps}"]
+                   f"grad_accum={args.gradient_accumulation_steps}", "ep=1"]  # experts unsharded: see _attach
             if zero is not None:
                 fix += [f"zero_stage={zero['stage']}", f"offload_optimizer={str(zero['offload_optimizer']).lower()}"]
             dtype = "bf16" if args.bf16 else "fp32"
@@ -157,6 +166,7 @@ class SPTrainerMixin:
         import torch.distributed as dist
 
         from autosp.compiler.api import attach_sp
+        from autosp.compiler.experts import prepare_experts
         from autosp.compiler.groups import make_layout
         from autosp.compiler.runtime import SPEngine
         from autosp.compiler.windows import layer_windows
@@ -169,9 +179,14 @@ class SPTrainerMixin:
         c = self._sp_candidate
         model = innermost(self.model)
         windows = layer_windows(getattr(model, "config", None))
+        if c.ep > 1:
+            raise UsageError(f"autosp.hf trains a mixture of experts with ep=1 (each rank holds every expert; the "
+                             f"Trainer's DDP or DeepSpeed engine reduces them as dense parameters), the plan has "
+                             f"ep={c.ep}: re-plan with --fix ep=1, or train with autosp.compile / autosp-train")
         self._sp_layout = make_layout(c)
+        moe = prepare_experts(model, 1)  # MoE: experts through autosp's op, the router loss made global by attach_sp
         ctx, pad = attach_sp(model, c, self._sp_layout, grad_world_size=dist.get_world_size(), windows=windows,
-                             backend=self._sp_backend)
+                             backend=self._sp_backend, moe=bool(moe))
         self._sp_target = _Target(model, self.args.device)
         self._sp_engine = SPEngine(self._sp_target, self._sp_layout, ctx, c, ignore_index=-100, pad_token_id=pad,
                                    pad_to_multiple_of=self._sp_pad_multiple, dtype=self._sp_dtype or "fp32",
@@ -270,13 +285,30 @@ class SPTrainerMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = self._sp_loss(model, inputs)
-        if num_items_in_batch is not None and self.model.training:
+        step_scaled = num_items_in_batch is not None and self.model.training
+        if step_scaled:
             # the compiled loss is sum / N_micro; the Trainer's convention is sum / N_step for each micro-step
             n_micro = int((inputs["labels"][..., 1:] != -100).sum())
-            loss = loss * (n_micro / max(float(num_items_in_batch), 1.0))
-        elif self.model.training:
-            loss = loss / self.current_gradient_accumulation_steps
+            scale = n_micro / max(float(num_items_in_batch), 1.0)
+        else:
+            scale = 1.0 / self.current_gradient_accumulation_steps if self.model.training else 1.0
+        loss = loss * scale
+        aux = self._sp_target.aux_loss
+        if aux is not None:
+            # MoE: the model added coef x aux to its token mean, so the line above scaled it as a token loss;
+            # it gets the weight the base trainer gives it instead
+            coef = _model_aux_coef(innermost(self.model))
+            loss = loss + aux * (self._sp_aux_weight(step_scaled, scale) - coef * scale)
         return (loss, None) if return_outputs else loss
+
+    def _sp_aux_weight(self, step_scaled: bool, scale: float) -> float:
+        """The weight of the router's load-balancing loss in one micro-step's loss, as ``transformers.Trainer``
+        gives it: the model's own ``coef x aux`` inside its loss, which, normalised by the step's tokens
+        (``step_scaled``), the Trainer neither rescales nor divides by the gradient accumulation: each micro-step
+        adds ``coef x aux`` (else the whole loss is scaled by ``scale``: 1 / the accumulation, or 1 in
+        evaluation). ``autosp.hf.SFTTrainer`` weighs it as TRL does."""
+        coef = _model_aux_coef(innermost(self.model))
+        return coef if step_scaled else coef * scale
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         import torch
@@ -321,6 +353,12 @@ class SPTrainerMixin:
                 self.model.__dict__.pop("_is_accelerate_prepared", None)
                 if self.model in self.accelerator._models:
                     self.accelerator._models.remove(self.model)
+
+
+def _model_aux_coef(model) -> float:
+    """The coefficient a Hugging Face MoE model's forward multiplies its load-balancing loss by."""
+    coef = getattr(model, "router_aux_loss_coef", None)
+    return float(coef if coef is not None else getattr(model.config, "router_aux_loss_coef", 0.0))
 
 
 __all__ = ["SPTrainerMixin", "innermost"]

@@ -211,8 +211,14 @@ def _save(node: fx.Node) -> None:
         if base.op != "call_function":
             return
         node = base
-    if "recompute" in node.meta:
-        node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    if "recompute" not in node.meta:
+        return
+    if isinstance(node.meta.get("val"), (tuple, list)):  # a multi-output op: its outputs are what is saved
+        for user in node.users:
+            if user.target is operator.getitem and "recompute" in user.meta:
+                user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        return
+    node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def tag_joint_graph(graph: fx.Graph, policy: str, *, fragments: bool = False) -> dict:

@@ -122,9 +122,11 @@ EXACT = {
     # Mixtral, EP 2, ZeRO-1 (DeepSpeed's MoE optimizer groups)
     "mixtral_sp2_ep2_zero1": (2, lambda: moe_model("mixtral"), dict(seq=32),
                               dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=1)), sgd),
-    # OLMoE, EP 2, ZeRO-2, aux loss
-    "olmoe_sp2_ep2_zero2_aux": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
-                                dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=2)), sgd),
+    # OLMoE, EP 2, ZeRO-2, aux loss, selective checkpointing (the loss code after the layers reads every layer's
+    # router logits)
+    "olmoe_sp2_ep2_zero2_aux_selective": (2, lambda: moe_model("olmoe", aux=True), dict(seq=32),
+                                          dict(plan=Candidate(sp=2, micro_batch=2, ep=2, zero_stage=2,
+                                                              checkpointing="selective")), sgd),
     # SP 2 x DP 2, EP 2 inside each SP group, ZeRO-0 (autosp clips with the global norm), aux loss over all 4
     # ranks, the DP replicas' rows right-padded differently
     "qwen3_moe_sp2_dp2_ep2_aux_mask": (4, lambda: moe_model("qwen3_moe", aux=True), dict(seq=32, pad_mask=True),

@@ -18,6 +18,26 @@ def tiny_llama(seed: int = 0, tied: bool = False):
     return LlamaForCausalLM(config)
 
 
+def tiny_moe(seed: int = 0):
+    """A tiny Qwen3-MoE (4 experts, top-2) whose forward adds its router's load-balancing loss (coef 0.5), the
+    router drawn large enough to route unevenly."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                            num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+                            max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                            output_router_logits=True, router_aux_loss_coef=0.5)
+    config._attn_implementation = "sdpa"
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 0.5)
+    return model
+
+
 def examples(n: int, seed: int, low: int = 9, high: int = 24) -> list[dict]:
     """Sequences of uneven lengths (odd ones: S % 2 != 0), labels = input ids."""
     gen = torch.Generator().manual_seed(seed)
@@ -52,4 +72,4 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-__all__ = ["VOCAB", "examples", "pad_collate", "tiny_llama", "tokenizer"]
+__all__ = ["VOCAB", "examples", "pad_collate", "tiny_llama", "tiny_moe", "tokenizer"]

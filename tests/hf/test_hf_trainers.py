@@ -13,7 +13,12 @@ One spawned world-2 job (gloo, aot_eager, tiny Llama built from a config), eight
 - PEFT LoRA through autosp.hf.Trainer and through autosp.compile, at ZeRO 0 and ZeRO 3: adapter gradients
   and weights, base weights untouched;
 - the loss tiled (``loss_chunks=2``) at ZeRO 3 inside the Trainer's own DeepSpeed engine, tied embeddings:
-  the logged losses, the final weights and the shared matrix's change.
+  the logged losses, the final weights and the shared matrix's change;
+- a tiny Qwen3-MoE with its router's load-balancing loss, gradient accumulation 2, right-padded batches, SGD:
+  through autosp.hf.Trainer against transformers.Trainer (which adds coef x aux at every micro-step) and through
+  autosp.hf.SFTTrainer against trl.SFTTrainer (coef x aux / accumulation; TRL's default gradient checkpointing,
+  full checkpointing in autosp's graph): every log (loss, gradient norm, TRL's aux_loss and token metrics) and
+  the final weights; the load-balancing statistics leave out the attention_mask's pads on both sides.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import pytest
 import torch
 
-from hf_tiny import examples, pad_collate, tiny_llama, tokenizer
+from hf_tiny import examples, pad_collate, tiny_llama, tiny_moe, tokenizer
 
 from autosp.compiler.testing import rel_err, run_cases, spawn
 
@@ -163,6 +168,35 @@ def run_tied_tiled_trainer(trainer_cls, out, **sp):
     return {"losses": rec.losses, "weights": _weights(trainer), "tiled": tiled}
 
 
+def run_moe_trainer(trainer_cls, out, **sp):
+    """3 SGD steps of a tiny MoE whose loss adds its router's load-balancing loss, gradient accumulation 2,
+    right-padded batches with an attention_mask."""
+    from transformers import TrainingArguments
+
+    rec = _Recorder()
+    args = _training_args(TrainingArguments, out, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                          max_steps=3, optim="sgd", learning_rate=0.5)
+    trainer = trainer_cls(model=tiny_moe(), args=args, train_dataset=examples(12, 1), data_collator=pad_collate,
+                          callbacks=[rec], **sp)
+    trainer.train()
+    return {"logs": rec.logs, "weights": _weights(trainer)}
+
+
+def run_moe_sft(trainer_cls, out, **sp):
+    """The same MoE through TRL: padded (not packed) rows, gradient accumulation 2, SGD, TRL's default gradient
+    checkpointing; TRL logs the aux loss."""
+    from trl import SFTConfig
+
+    rec = _Recorder()
+    args = _training_args(SFTConfig, out, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=3,
+                          packing=False, padding_free=False, max_length=40, bf16=False, optim="sgd", learning_rate=0.5)
+    trainer = trainer_cls(model=tiny_moe(), args=args, train_dataset=_chat_dataset(16, 3),
+                          processing_class=tokenizer(), callbacks=[rec], **sp)
+    assert trainer.aux_loss_enabled
+    trainer.train()
+    return {"logs": rec.logs, "weights": _weights(trainer)}
+
+
 def lora_batches():
     rows = examples(6, 5, low=13, high=14)
     return [pad_collate(rows[i:i + 2]) for i in range(0, 6, 2)]
@@ -188,6 +222,10 @@ def _sp_case(name, out):
         return result
     if name == "sft":
         return run_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
+    if name == "moe_trainer":
+        return run_moe_trainer(autosp.hf.Trainer, out, sp_size=2, **common)
+    if name == "moe_sft":
+        return run_moe_sft(autosp.hf.SFTTrainer, out, sp_size=2, **common)
     if name == "sft_tiled":  # TRL's token metrics read from the tiled loss's chunks
         return run_sft(autosp.hf.SFTTrainer, out, plan=Candidate(sp=2, micro_batch=2, grad_accum=1, loss_chunks=2),
                        **common)
@@ -271,7 +309,7 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     from autosp.compiler.testing import reference_run
 
     names = ["trainer", "sft", "sft_tiled", "lora_trainer0", "lora_compile0", "lora_trainer3", "lora_compile3",
-             "tied_tiled_trainer3"]
+             "tied_tiled_trainer3", "moe_trainer", "moe_sft"]
     sp = spawn(_sp_job, 2, str(tmp_path / "sp"), names)
     for name in names:
         assert "crash" not in sp[name], sp[name].get("crash")
@@ -335,3 +373,13 @@ def test_hf_trainers_sft_and_lora_under_sp_equal_one_process(tmp_path):
     start = dict(tiny_llama(tied=True).named_parameters())[shared].detach()
     assert sorted(got["weights"]) == sorted(ref_tied["weights"]) and shared in got["weights"]
     assert rel_err(got["weights"][shared] - start, ref_tied["weights"][shared] - start) <= TOL
+
+    # MoE with the load-balancing loss and gradient accumulation: each trainer's own objective (the aux term per
+    # micro-step for transformers.Trainer, over the accumulation for TRL), every log and the final weights
+    for name, ref_moe in (("moe_trainer", run_moe_trainer(transformers.Trainer, str(tmp_path / "ref_moe"))),
+                          ("moe_sft", run_moe_sft(trl.SFTTrainer, str(tmp_path / "ref_moe_sft")))):
+        got = sp[name]
+        assert len(got["logs"]) == 3, got["logs"]
+        _same_logs(got["logs"], ref_moe["logs"])
+        assert _worst(got["weights"], ref_moe["weights"])[0] <= TOL, name
+    assert all("aux_loss" in log for log in ref_moe["logs"])
