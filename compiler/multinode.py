@@ -21,10 +21,10 @@ import contextlib
 import json
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass
 
+from autosp.compiler.exit_status import signal_name
 from autosp.errors import AutospError, UsageError
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "NodeGroup", "NodeLink", "PeerFailure", "join"]
@@ -119,10 +119,6 @@ class PeerFailure(AutospError):
         self.exit_code = exit_code
 
 
-def _signal_name(number: int) -> str:
-    return signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
-
-
 class NodeLink:
     """This node's connection to the run's store (node 0 hosts it): the ranks' environment, and failures and
     the end of the run, told between the nodes' launchers."""
@@ -154,7 +150,7 @@ class NodeLink:
             return PeerFailure(f"lost node 0 at {self.group.endpoint} (its autosp-train stopped); stopped this "
                                "node's training processes", 1)
         code = report["code"]
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
         return PeerFailure(f"training process {report['rank']} on node {report['node']} {how} (that node's output says "
                            "why); stopped this node's training processes", code if 0 < code < 128 else 1)
 

@@ -20,6 +20,10 @@ them, however long the save takes. The ranks of all nodes agree after every step
 signalled, so a signal that reaches one node's launcher (or Slurm's, which reaches every process of the job's
 steps) stops every node after the same step.
 
+A rank that fails ends the others (they would wait for it in a collective until the process group times out),
+and the launcher says which one and how: a rank killed by SIGKILL is told apart as the kernel's out-of-memory
+killer's or another process's by the cgroup's count of that killer's kills (:mod:`autosp.compiler.exit_status`).
+
 Each rank dies with the launcher when the launcher is killed outright (SIGKILL, the OOM killer): on Linux the
 kernel sends it SIGKILL (``prctl(PR_SET_PDEATHSIG)``), elsewhere a watchdog thread polls the parent pid.
 """
@@ -94,6 +98,17 @@ def _child(env: dict, threads: int, main, argv: list[str], parent: int) -> None:
     sys.exit(run_command("autosp-train", main, argv))
 
 
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the ranks share this launcher's) without its warning about the
+    semaphores of a rank that was killed: a killed rank cannot release them, and the launcher says it was killed."""
+    from multiprocessing import resource_tracker
+
+    quiet = "ignore:resource_tracker:UserWarning"
+    if quiet not in sys.warnoptions:
+        sys.warnoptions.append(quiet)  # the tracker is started with this interpreter's -W options
+    resource_tracker.ensure_running()
+
+
 def _loopback_env(rank: int, world: int, port: int) -> dict:
     return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world)}
@@ -104,6 +119,8 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
     local processes, each under :mod:`autosp.guard`; 0 when all succeed, else the first failure's code.
     ``nodes``: this node's :class:`~autosp.compiler.multinode.NodeGroup` when the run spans several
     machines (``node_facts`` is what the nodes compare before any rank starts)."""
+    from autosp.compiler import exit_status
+
     link = None
     if nodes is not None:
         from autosp.compiler.multinode import join
@@ -114,10 +131,12 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
         port = free_port()
         envs = [_loopback_env(rank, world, port) for rank in range(world)]
     context = multiprocessing.get_context("spawn")
+    _quiet_resource_tracker()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // world)
     procs = [context.Process(target=_child, args=(envs[local], threads, main, argv, os.getpid()),
                              name=f"autosp-train-{envs[local]['RANK']}") for local in range(world)]
+    oom_before = exit_status.oom_kills()  # to tell the out-of-memory killer's SIGKILL from anyone else's
     received = []
 
     def forward(signum, frame):  # the ranks decide what a signal means (finish the step, save, exit)
@@ -166,9 +185,8 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
         return 128 + received[0]
     rank = envs[procs.index(failed)]["RANK"]
     if failed.exitcode < 0:  # killed by a signal: nobody printed anything
-        name = signal.Signals(-failed.exitcode).name if -failed.exitcode in signal.valid_signals() else "?"
-        raise AutospError(f"training process {rank} was killed by {name}"
-                          + (" (the kernel does this when host memory runs out)" if name == "SIGKILL" else ""))
+        how = exit_status.killed_how(failed.exitcode, oom_before, exit_status.oom_kills())
+        raise AutospError(f"training process {rank} {how}")
     return failed.exitcode  # the process printed its one line (rank 0 does, for bad input)
 
 
