@@ -181,7 +181,7 @@ def run_processes(world: int, main, argv: list[str], nodes=None, node_facts: dic
     if received and failed.exitcode in (-received[0], 128 + received[0]):  # stopped by the forwarded signal
         if received[0] == signal.SIGINT:
             raise KeyboardInterrupt
-        print(f"autosp-train: stopped by {signal.Signals(received[0]).name}", file=sys.stderr, flush=True)
+        print(f"autosp-train: stopped by {exit_status.signal_name(received[0])}", file=sys.stderr, flush=True)
         return 128 + received[0]
     rank = envs[procs.index(failed)]["RANK"]
     if failed.exitcode < 0:  # killed by a signal: nobody printed anything

@@ -53,9 +53,9 @@ class _Target:
         self.aux_loss = None  # the last call's router load-balancing loss (MoE), part of the returned loss
 
     def __call__(self, **inputs):
-        out = self.call(**inputs)
         import torch
 
+        out = self.call(**inputs)
         aux = out.get("aux_loss") if isinstance(out, dict) else getattr(out, "aux_loss", None)
         self.aux_loss = aux if isinstance(aux, torch.Tensor) else None
         if self.observe is not None:
@@ -298,17 +298,16 @@ class SPTrainerMixin:
             # MoE: the model added coef x aux to its token mean, so the line above scaled it as a token loss;
             # it gets the weight the base trainer gives it instead
             coef = _model_aux_coef(innermost(self.model))
-            loss = loss + aux * (self._sp_aux_weight(step_scaled, scale) - coef * scale)
+            loss = loss + aux * (self._sp_aux_weight(step_scaled, scale, coef) - coef * scale)
         return (loss, None) if return_outputs else loss
 
-    def _sp_aux_weight(self, step_scaled: bool, scale: float) -> float:
+    def _sp_aux_weight(self, step_scaled: bool, scale: float, model_coef: float) -> float:
         """The weight of the router's load-balancing loss in one micro-step's loss, as ``transformers.Trainer``
-        gives it: the model's own ``coef x aux`` inside its loss, which, normalised by the step's tokens
+        gives it: the model's own ``model_coef x aux`` inside its loss, which, normalised by the step's tokens
         (``step_scaled``), the Trainer neither rescales nor divides by the gradient accumulation: each micro-step
-        adds ``coef x aux`` (else the whole loss is scaled by ``scale``: 1 / the accumulation, or 1 in
+        adds ``model_coef x aux`` (else the whole loss is scaled by ``scale``: 1 / the accumulation, or 1 in
         evaluation). ``autosp.hf.SFTTrainer`` weighs it as TRL does."""
-        coef = _model_aux_coef(innermost(self.model))
-        return coef if step_scaled else coef * scale
+        return model_coef if step_scaled else model_coef * scale
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         import torch

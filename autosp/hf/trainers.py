@@ -31,10 +31,10 @@ def _sft_trainer():
             record(self, mode, seen, inputs)
             return loss
 
-        def _sp_aux_weight(self, step_scaled, scale):
+        def _sp_aux_weight(self, step_scaled, scale, model_coef):
             """TRL's weight of the load-balancing loss (``trl.SFTTrainer.compute_loss``): its own
-            ``router_aux_loss_coef``, divided by the gradient accumulation when the loss is normalised by the
-            step's tokens (else the whole loss is scaled by ``scale``)."""
+            ``router_aux_loss_coef`` (not the model's), divided by the gradient accumulation when the loss is
+            normalised by the step's tokens (else the whole loss is scaled by ``scale``)."""
             coef = self.router_aux_loss_coef
             return coef / self.current_gradient_accumulation_steps if step_scaled else coef * scale
 

@@ -50,7 +50,9 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signal).name if self.signal is not None else ""
+        from autosp.compiler.exit_status import signal_name
+
+        return signal_name(self.signal) if self.signal is not None else ""
 
     def agreed(self) -> bool:
         """Whether any rank was asked to stop (the same answer on every rank)."""
